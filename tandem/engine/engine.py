@@ -1,0 +1,64 @@
+"""The in-process engine: request intake, the overlap loop, outputs. Owns no model code."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable
+
+from tandem.engine.loop import OverlapLoop, Runner
+from tandem.engine.request import Request
+from tandem.engine.scheduler import Scheduler, SchedulerConfig
+from tandem.outputs import EngineOutput
+from tandem.sampling_params import SamplingParams
+
+
+class Engine:
+    """Drive from one thread: ``add_request`` / ``abort`` / ``step`` until ``has_unfinished``
+    is False. MLX is only touched inside ``step`` (through the runner)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        scheduler_config: SchedulerConfig,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        overlap: bool = True,
+        check_invariants: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        self.scheduler = Scheduler(scheduler_config)
+        self.loop = OverlapLoop(
+            self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
+        )
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._ids = itertools.count()
+        self._rng = random.Random(seed)
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; raises ValueError if it can never be served."""
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.eos_token_ids
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(32)
+        req = Request(rid, list(prompt_token_ids), params, seed, frozenset(stop))
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work() or bool(self.loop.inflight)
+
+    def step(self) -> list[EngineOutput]:
+        return self.loop.step()
+
+    def check_invariants(self) -> None:
+        self.scheduler.check_invariants(self.loop.inflight)

@@ -1,0 +1,107 @@
+"""The overlap loop (DESIGN §2), written as a fold over the steps in flight.
+
+``OverlapLoop.step()`` runs one iteration and returns the outputs it finalized. With
+``overlap=False`` the same phases run with at most one step in flight, so both modes share
+every line that touches state and must produce identical tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.scheduler import Scheduler
+from tandem.outputs import EngineOutput
+
+
+class Runner(Protocol):
+    """Launch/finalize split. Handles are opaque; finalize must follow launch order."""
+
+    def launch(self, plan: StepPlan, parent: Any | None) -> Any: ...
+
+    def finalize(self, handle: Any) -> StepResult: ...
+
+
+@dataclass
+class InFlightStep:
+    plan: StepPlan
+    handle: Any
+
+
+class OverlapLoop:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: Runner,
+        *,
+        overlap: bool = True,
+        check_invariants: bool = False,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.overlap = overlap
+        self.check_invariants = check_invariants
+        self.curr: InFlightStep | None = None  # oldest launched, unfinalized step
+        self.next: InFlightStep | None = None  # chained on curr's lazy tokens
+        self.num_steps = 0
+        self.num_chained = 0
+
+    @property
+    def inflight(self) -> list[StepPlan]:
+        return [s.plan for s in (self.curr, self.next) if s is not None]
+
+    def step(self) -> list[EngineOutput]:
+        sched = self.scheduler
+        if self.curr is None:
+            self.curr = self._launch_fresh()
+            if self.curr is None:
+                return sched.take_pending_outputs()
+        # 1. Chain: submit step N+1 on N's lazy tokens before blocking on N.
+        if self.overlap and self.next is None:
+            plan = sched.chain(self.curr.plan)
+            if plan is not None:
+                self.next = InFlightStep(plan, self.runner.launch(plan, self.curr.handle))
+                self.num_steps += 1
+                self.num_chained += 1
+        # 2. Finalize curr (the device is busy with next meanwhile).
+        outputs = self._finalize(self.curr)
+        self.curr = None
+        # 3. Promote next while the chain holds.
+        if self.next is not None:
+            nxt, self.next = self.next, None
+            if not sched.needs_prefill() and not any(
+                sched.running[rid].finished for rid in nxt.plan.request_ids
+            ):
+                self.curr = nxt
+                self._check()
+                return outputs
+            # 4. The chain breaks: next's tokens are still valid for the live requests.
+            outputs += self._finalize(nxt)
+        self.curr = self._launch_fresh()
+        self._check()
+        return outputs
+
+    def drain(self) -> list[EngineOutput]:
+        """Finalize whatever is in flight, in launch order (used before shutdown)."""
+        outputs: list[EngineOutput] = []
+        for s in (self.curr, self.next):
+            if s is not None:
+                outputs += self._finalize(s)
+        self.curr = self.next = None
+        return outputs
+
+    def _launch_fresh(self) -> InFlightStep | None:
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return None
+        self.num_steps += 1
+        return InFlightStep(plan, self.runner.launch(plan, None))
+
+    def _finalize(self, s: InFlightStep) -> list[EngineOutput]:
+        result = self.runner.finalize(s.handle)
+        return self.scheduler.update(s.plan, result)
+
+    def _check(self) -> None:
+        if self.check_invariants:
+            self.scheduler.check_invariants(self.inflight)

@@ -1,0 +1,70 @@
+"""Frozen step plans (scheduler → runner) and plain step results (runner → scheduler).
+
+A step is one forward over the KV rows ``0 .. num_rows-1`` (one token each: the decode part)
+preceded by cache-only prefill chunks on single rows. Rows without a decoding request are
+holes: they compute a throw-away token at a harmless position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Write KV for ``token_ids`` at positions ``start ..`` of ``row``; no logits."""
+
+    request_id: str
+    row: int
+    start: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """Per-row sampling parameters (temperature 0 = greedy)."""
+
+    temperature: tuple[float, ...]
+    top_k: tuple[int, ...]
+    top_p: tuple[float, ...]
+    seed: tuple[int, ...]
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(t == 0 for t in self.temperature)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step_id: int
+    # Decode part: one entry per row 0..num_rows-1 (None = hole).
+    row_request_ids: tuple[str | None, ...]
+    positions: tuple[int, ...]
+    # Host-known input tokens; None for a chained step (the parent's lazy tokens feed it).
+    input_tokens: tuple[int, ...] | None
+    sampling: RowSampling
+    chunks: tuple[PrefillChunk, ...] = ()
+    # KV sequence capacity every row buffer must have before this step runs.
+    capacity: int = 0
+    chained: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_request_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        """A pure decode step: the only kind that may seed a chain."""
+        return not self.chunks and self.num_rows > 0
+
+    @property
+    def request_ids(self) -> frozenset[str]:
+        ids = {r for r in self.row_request_ids if r is not None}
+        ids.update(c.request_id for c in self.chunks)
+        return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step_id: int
+    tokens: tuple[int, ...]  # one per row of the plan
