@@ -40,7 +40,10 @@ def run_random_schedule(overlap: bool, seed: int, num_requests: int = 60, **cfg)
         prompt = [rng.randrange(0, 900) for _ in range(rng.randint(1, 40))]
         stop = tuple(rng.sample(range(1000), 30)) if rng.random() < 0.3 else ()
         params = SamplingParams(
-            max_tokens=rng.randint(1, 30), seed=i, stop_token_ids=stop, ignore_eos=rng.random() < 0.5
+            max_tokens=rng.randint(1, 30),
+            seed=i,
+            stop_token_ids=stop,
+            ignore_eos=rng.random() < 0.5,
         )
         abort_at = step + rng.randint(0, 20) if rng.random() < 0.15 else None
         specs.append((step, f"r{i}", prompt, params, abort_at))
@@ -122,7 +125,9 @@ def test_request_finishing_mid_chain_releases_late():
     engine, runner = make_engine(True)
     seed = 3
     stop_tok = fake_token(seed, 2 + 4)  # fifth output token
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, seed=seed, stop_token_ids=(stop_tok,)))
+    engine.add_request(
+        [1, 2, 3], SamplingParams(max_tokens=50, seed=seed, stop_token_ids=(stop_tok,))
+    )
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=50, seed=4, ignore_eos=True))
     got = {}
     while engine.has_unfinished():
@@ -161,8 +166,16 @@ def test_abort_of_waiting_request_reports_abort():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -3),
-     ("seed", -1), ("stop_token_ids", (-1,)), ("temperature", float("nan"))],
+    [
+        ("max_tokens", 0),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -3),
+        ("seed", -1),
+        ("stop_token_ids", (-1,)),
+        ("temperature", float("nan")),
+    ],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -1,0 +1,64 @@
+"""Compose an engine: resolve the model, load weights and tokenizer, size the KV budget."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.config import EngineConfig
+from tandem.engine.engine import Engine
+from tandem.engine.scheduler import SchedulerConfig
+from tandem.frontend.tokenizer import Tokenizer
+from tandem.model_source import resolve_model
+
+log = logging.getLogger("tandem")
+
+
+@dataclass
+class BuiltEngine:
+    engine: Engine
+    tokenizer: Tokenizer
+    path: Path
+    max_model_len: int
+    model_type: str
+
+
+def build_engine(config: EngineConfig) -> BuiltEngine:
+    from tandem.runner.loader import available_memory_bytes, load_model
+    from tandem.runner.model_runner import ModelRunner
+
+    path = resolve_model(config.model)
+    tokenizer = Tokenizer.load(path)
+    model, model_config = load_model(path)
+    model_type = str(model_config.get("model_type", ""))
+    runner = ModelRunner(model, max_rows=config.max_num_seqs, model_type=model_type)
+    native_len = int(model_config.get("max_position_embeddings") or 4096)
+    max_model_len = min(config.max_model_len or native_len, native_len)
+    per_token = runner.kv.shape.bytes_per_token
+    budget = config.kv_budget_tokens or int(
+        available_memory_bytes() * config.kv_memory_fraction // per_token
+    )
+    budget = min(budget, config.max_num_seqs * max_model_len)
+    log.info(
+        "KV budget %d tokens (%.1f MiB, %d B/token); max_model_len %d",
+        budget,
+        budget * per_token / 2**20,
+        per_token,
+        max_model_len,
+    )
+    sched = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_budget_tokens=budget,
+    )
+    engine = Engine(
+        runner,
+        sched,
+        eos_token_ids=tokenizer.eos_token_ids,
+        overlap=config.overlap,
+        check_invariants=config.check_invariants,
+        seed=config.seed,
+    )
+    return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)

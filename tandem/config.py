@@ -1,0 +1,27 @@
+"""Engine configuration (frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # directory, .gguf file, or None for the default model
+    overlap: bool = True
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # default: the model's own context length
+    max_num_batched_tokens: int = 2048
+    kv_memory_fraction: float = 0.5  # of the memory available after loading the weights
+    kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
+    check_invariants: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise ValueError("kv_memory_fraction must be in (0, 1]")

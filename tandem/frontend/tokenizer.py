@@ -1,0 +1,80 @@
+"""Tokenizer, chat template and EOS ids for a model directory or a GGUF file. No mlx."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+class Tokenizer:
+    def __init__(self, hf: Any, eos_token_ids: set[int]) -> None:
+        self.hf = hf
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    @classmethod
+    def load(cls, path: Path) -> Tokenizer:
+        if path.is_file():
+            from tandem.frontend.gguf_meta import read_gguf_metadata
+            from tandem.frontend.gguf_tokenizer import eos_token_ids, tokenizer_from_gguf
+
+            meta = read_gguf_metadata(path)
+            return cls(tokenizer_from_gguf(meta, path), set(eos_token_ids(meta)))
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path))
+        eos = _ids(hf.eos_token_id)
+        for name in ("generation_config.json", "config.json"):
+            f = path / name
+            if f.is_file():
+                eos |= _ids(json.loads(f.read_text()).get("eos_token_id"))
+        return cls(hf, eos)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> list[int]:
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        text = self.hf.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+        )
+        return self.encode(text, add_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token list into text deltas, holding back incomplete UTF-8."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None) -> None:
+        self.tokenizer = tokenizer
+        # A few prompt tokens of context make leading-space handling match a full decode.
+        self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, new_ids: list[int] | tuple[int, ...]) -> str:
+        self.ids.extend(new_ids)
+        dec = self.tokenizer.decode
+        prefix = dec(self.ids[self.prefix_offset : self.read_offset])
+        full = dec(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix) :]
+        return ""

@@ -1,0 +1,109 @@
+"""The model runner: turns frozen step plans into lazy MLX graphs (launch) and plain tokens
+(finalize). The only engine code that touches MLX; it never sees request objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from tandem.engine.plan import StepPlan, StepResult
+from tandem.runner.kv import KVPool, KVShape
+from tandem.runner.sampler import SamplingArrays, make_sampling_arrays, sample
+
+log = logging.getLogger("tandem")
+
+
+@dataclass
+class Handle:
+    """A launched step: only its lazy outputs, never the KV buffers (they must stay
+    donatable so the next step's in-place writes don't copy them)."""
+
+    plan: StepPlan
+    tokens: mx.array
+    positions: mx.array
+    sampling: SamplingArrays
+
+
+class _ProbeCache:
+    def __init__(self) -> None:
+        self.offset = 0
+        self.seen: tuple[tuple[int, ...], mx.Dtype] | None = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.seen = (tuple(keys.shape), keys.dtype)
+        return keys, values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        return None
+
+
+def check_supported(model: nn.Module, model_type: str) -> None:
+    """Only full-attention KV models fit the row layout; say so instead of misbehaving."""
+    make_cache = getattr(model, "make_cache", None)
+    if make_cache is None:
+        return
+    from mlx_lm.models.cache import KVCache
+
+    kinds = {type(c).__name__ for c in make_cache() if type(c) is not KVCache}
+    if kinds:
+        raise ValueError(
+            f"model type {model_type!r} uses {', '.join(sorted(kinds))} caches "
+            "(sliding-window or recurrent layers), which Tandem does not support yet"
+        )
+
+
+def probe_kv_shape(model: nn.Module) -> tuple[KVShape, int]:
+    """Run one token through the model to learn the KV geometry and the vocabulary size."""
+    caches = [_ProbeCache() for _ in model.layers]
+    logits = model(mx.array([[0]]), cache=caches)
+    seen = {c.seen for c in caches}
+    if None in seen or len(seen) != 1:
+        raise ValueError("model layers have differing KV shapes; not supported")
+    (shape, dtype) = seen.pop()
+    kv = KVShape(num_layers=len(caches), num_kv_heads=shape[1], head_dim=shape[3], dtype=dtype)
+    return kv, int(logits.shape[-1])
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, *, max_rows: int, model_type: str = "") -> None:
+        check_supported(model, model_type)
+        self.model = model
+        self.stream = mx.new_stream(mx.default_device())
+        with mx.stream(self.stream):
+            kv_shape, self.vocab_size = probe_kv_shape(model)
+        self.kv = KVPool(kv_shape, max_rows)
+
+    def launch(self, plan: StepPlan, parent: Handle | None) -> Handle:
+        with mx.stream(self.stream):
+            needed_rows = max([plan.num_rows] + [c.row + 1 for c in plan.chunks])
+            self.kv.ensure(needed_rows, plan.capacity)
+            for chunk in plan.chunks:
+                # Cache-only forward: its logits are never evaluated, so never computed.
+                self.model(
+                    mx.array(chunk.token_ids, dtype=mx.int32)[None],
+                    cache=self.kv.row_caches(chunk.row, chunk.start),
+                )
+            if plan.chained:
+                assert parent is not None
+                tokens_in, sampling = parent.tokens, parent.sampling
+                positions = parent.positions + 1
+            else:
+                tokens_in = mx.array(plan.input_tokens, dtype=mx.int32)
+                sampling = make_sampling_arrays(plan.sampling, self.vocab_size)
+                positions = mx.array(plan.positions, dtype=mx.int32)
+            length = max(plan.positions) + 1
+            caches = self.kv.batch_caches(plan.num_rows, positions, length)
+            logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
+            tokens = sample(logits, sampling, positions)
+            mx.async_eval(tokens, *self.kv.arrays())
+        return Handle(plan, tokens, positions, sampling)
+
+    def finalize(self, handle: Handle) -> StepResult:
+        return StepResult(handle.plan.step_id, tuple(handle.tokens.tolist()))
+
+    def kv_bytes(self) -> int:
+        return self.kv.nbytes

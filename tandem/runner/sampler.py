@@ -1,0 +1,89 @@
+"""In-graph batched sampling: greedy, temperature, top-k, top-p with per-row seeds.
+
+Everything is an MLX op on the step's logits, so a chained step samples without the host.
+Randomness is a counter-based hash of (row seed, position, vocab index) fed to Gumbel-max:
+a row's tokens depend only on its own seed and inputs, never on its batchmates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from tandem.engine.plan import RowSampling
+
+_GOLDEN = 0x9E3779B1
+
+
+@dataclass(frozen=True)
+class SamplingArrays:
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    greedy: mx.array | None = None  # (R,) bool
+    inv_temperature: mx.array | None = None  # (R, 1)
+    top_k: mx.array | None = None  # (R, 1) int32, vocab size when disabled
+    top_p: mx.array | None = None  # (R, 1)
+    seed: mx.array | None = None  # (R, 1) uint32
+
+
+def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
+    if s.all_greedy:
+        return SamplingArrays(True, False, False)
+    any_k = any(0 < k < vocab_size for k, t in zip(s.top_k, s.temperature, strict=True) if t > 0)
+    any_p = any(p < 1.0 for p, t in zip(s.top_p, s.temperature, strict=True) if t > 0)
+    ks = [k if 0 < k < vocab_size else vocab_size for k in s.top_k]
+    return SamplingArrays(
+        all_greedy=False,
+        any_top_k=any_k,
+        any_top_p=any_p,
+        greedy=mx.array([t == 0 for t in s.temperature]),
+        inv_temperature=mx.array([1.0 / t if t > 0 else 1.0 for t in s.temperature])[:, None],
+        top_k=mx.array(ks, dtype=mx.int32)[:, None],
+        top_p=mx.array(s.top_p, dtype=mx.float32)[:, None],
+        seed=mx.array([x & 0xFFFFFFFF for x in s.seed], dtype=mx.uint32)[:, None],
+    )
+
+
+def _mix(x: mx.array) -> mx.array:
+    """A 32-bit avalanche hash (murmur3's finalizer)."""
+    x = x ^ (x >> 16)
+    x = x * mx.array(0x85EBCA6B, dtype=mx.uint32)
+    x = x ^ (x >> 13)
+    x = x * mx.array(0xC2B2AE35, dtype=mx.uint32)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: mx.array, positions: mx.array, vocab_size: int) -> mx.array:
+    """(R, V) floats in (0, 1), a pure function of (seed, position, column)."""
+    row_key = _mix(seed ^ _mix(positions.astype(mx.uint32)[:, None] * _GOLDEN + 1))
+    cols = mx.arange(vocab_size, dtype=mx.uint32)[None]
+    bits = _mix(row_key + cols * mx.array(_GOLDEN, dtype=mx.uint32))
+    return ((bits >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def sample(logits: mx.array, s: SamplingArrays, positions: mx.array) -> mx.array:
+    """logits (R, V) → tokens (R,) uint32."""
+    greedy_tokens = mx.argmax(logits, axis=-1)
+    if s.all_greedy:
+        return greedy_tokens
+    x = logits.astype(mx.float32) * s.inv_temperature
+    vocab = x.shape[-1]
+    if s.any_top_k or s.any_top_p:
+        desc = -mx.sort(-x, axis=-1)
+        if s.any_top_k:
+            kth = mx.take_along_axis(desc, s.top_k - 1, axis=-1)
+            ranks = mx.arange(vocab, dtype=mx.int32)[None]
+            desc = mx.where(ranks < s.top_k, desc, -mx.inf)
+            x = mx.where(x >= kth, x, -mx.inf)
+        if s.any_top_p:
+            probs = mx.softmax(desc, axis=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always).
+            before = mx.cumsum(probs, axis=-1) - probs
+            keep = mx.sum(before < s.top_p, axis=-1, keepdims=True)
+            cutoff = mx.take_along_axis(desc, keep - 1, axis=-1)
+            x = mx.where(x >= cutoff, x, -mx.inf)
+    u = uniform_noise(s.seed, positions, vocab)
+    sampled = mx.argmax(x - mx.log(-mx.log(u)), axis=-1)
+    return mx.where(s.greedy, greedy_tokens, sampled)

@@ -1,0 +1,138 @@
+"""Greedy output is token-exact with mlx-lm's generate_step, however requests are scheduled."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx  # noqa: I001
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load
+
+import tandem.runner  # noqa: F401  (BLAS preload before mlx)
+from tandem import LLM, SamplingParams
+
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+_refs: dict[tuple, list[int]] = {}
+_models: dict[str, object] = {}
+
+
+def reference(path, prompt: list[int], max_tokens: int) -> list[int]:
+    key = (str(path), tuple(prompt), max_tokens)
+    if key not in _refs:
+        if str(path) not in _models:
+            _models[str(path)] = load(str(path))[0]
+        gen = generate_step(mx.array(prompt), _models[str(path)], max_tokens=max_tokens)
+        _refs[key] = [int(t) for t, _ in gen]
+    return _refs[key]
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_single_request_matches_mlx_lm(tiny_model_dir, arch):
+    path = tiny_model_dir(arch)
+    llm = LLM(str(path), check_invariants=True)
+    prompt = [5, 9, 14, 3, 200, 7, 8]
+    out = llm.generate([prompt], greedy(40))[0]
+    assert out.token_ids == reference(path, prompt, 40)
+    assert out.finish_reason == "length"
+
+
+def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int = 3):
+    """Requests of different lengths join at different steps; some stop mid-chain on a stop
+    token, some are aborted while a step is in flight."""
+    engine = llm.engine
+    vocab = llm.tokenizer.vocab_size
+    specs = []
+    for i in range(num):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 70))]
+        n = rng.randint(1, 28)
+        ref = reference(path, prompt, n)
+        stop: tuple[int, ...] = ()
+        if i % 4 == 1 and n > 4:  # finish early on a token the reference emits mid-way
+            stop = (ref[rng.randrange(2, n - 1)],)
+        specs.append((rng.randrange(0, 25), f"r{i}", prompt, n, stop, ref))
+    abort_ids = {s[1]: s[0] + rng.randint(1, 6) for s in rng.sample(specs, aborts)}
+    got: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    step = 0
+    while step <= 30 or engine.has_unfinished():
+        for arrive, rid, prompt, n, stop, _ in specs:
+            if arrive == step:
+                engine.add_request(prompt, greedy(n, stop_token_ids=stop), rid)
+                got[rid] = []
+        for rid, at in abort_ids.items():
+            if at == step and rid not in reasons:
+                engine.abort(rid)
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+            if out.finish_reason:
+                reasons[out.request_id] = out.finish_reason
+        engine.check_invariants()
+        step += 1
+    for _, rid, _, n, stop, ref in specs:
+        want = ref
+        if stop:
+            want = ref[: ref.index(stop[0]) + 1]
+        if reasons[rid] == "abort":
+            assert rid in abort_ids and got[rid] == want[: len(got[rid])], rid
+        else:
+            assert got[rid] == want, rid
+            assert reasons[rid] == (
+                "stop" if len(want) < n or (stop and want[-1] == stop[0]) else "length"
+            )
+    sched = engine.scheduler
+    assert not sched.running and not sched.waiting
+    assert sched.rows.num_free == sched.config.max_num_seqs
+    return got
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_model_dir, arch):
+    path = tiny_model_dir(arch)
+    results = []
+    for overlap in (True, False):
+        llm = LLM(str(path), overlap=overlap, check_invariants=True, max_num_seqs=32)
+        results.append(run_staggered(llm, path, random.Random(arch)))
+        assert (llm.engine.loop.num_chained > 0) == overlap
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("budget", [4, 5])
+def test_prompt_chunks_at_budget_boundaries_match_mlx_lm(tiny_model_dir, budget):
+    # Prompts of k*budget and k*budget+1 tokens (prefill covers prompt[:-1]).
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path), max_num_batched_tokens=budget, check_invariants=True)
+    prompts = [
+        [7 + i for i in range(n)]
+        for n in (budget, budget + 1, 2 * budget, 2 * budget + 1, 3 * budget + 2, 1)
+    ]
+    outs = llm.generate(prompts, greedy(12))
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, 12)
+
+
+def test_few_rows_force_queueing_and_row_reuse(tiny_model_dir):
+    path = tiny_model_dir("qwen3")
+    llm = LLM(str(path), max_num_seqs=3, check_invariants=True)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 400) for _ in range(rng.randint(1, 30))] for _ in range(10)]
+    outs = llm.generate(prompts, [greedy(rng.randint(1, 15)) for _ in prompts])
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, len(o.token_ids))
+
+
+def test_eos_stops_generation_and_is_not_in_text(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path))
+    prompt = [11, 12, 13]
+    ref = reference(path, prompt, 30)
+    eos = ref[5]
+    llm.engine.eos_token_ids = frozenset({eos})
+    out = llm.generate([prompt], SamplingParams(max_tokens=30, temperature=0))[0]
+    assert out.token_ids == ref[: ref.index(eos) + 1]
+    assert out.finish_reason == "stop"
+    assert out.text == llm.tokenizer.decode(out.token_ids[:-1])
