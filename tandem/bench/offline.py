@@ -1,0 +1,213 @@
+"""Offline benchmark: Tandem and mlx-lm side by side, in one process, on one model.
+
+* single stream: decode tok/s of ``LLM.stream`` vs ``mlx_lm.generate.generate_step``
+  (time from the first token to the last, so prefill is excluded on both sides);
+* batched: B prompts of ``input_len`` random tokens, ``output_len`` tokens each with EOS
+  ignored, end-to-end output tok/s of ``LLM.generate`` vs ``mlx_lm.batch_generate``;
+* overlap on vs off for the same build.
+
+Every number is a median over ``repeats`` runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RANDOM_SHAPES = ("qwen3-0.6b", "qwen3-8b", "smollm2-135m", "tiny")
+
+
+def make_model(spec: str, dtype: str, root: Path) -> Path:
+    from tandem.testing import tiny_models as tm
+
+    if spec == "tiny":
+        return tm.make_tiny_model(root / "tiny", "llama", dtype=dtype)
+    if spec == "smollm2-135m":
+        cfg = {
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "vocab_size": 49152,
+            "rope_theta": 100000,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True,
+            "max_position_embeddings": 8192,
+        }
+        return tm.make_random_model(root / spec, "llama", cfg, dtype=dtype)
+    shapes = {"qwen3-0.6b": tm.QWEN3_0_6B, "qwen3-8b": tm.QWEN3_8B}
+    return tm.make_random_model(root / spec, "qwen3", shapes[spec], dtype=dtype)
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up (kernel JIT, buffer growth)
+    return statistics.median(_timed(fn) for _ in range(repeats))
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+class _NoEos:
+    """A tokenizer stand-in for mlx-lm's batch_generate with EOS disabled."""
+
+    eos_token_ids: set[int] = set()
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+
+def single_stream(path: Path, n: int, repeats: int, prompt: list[int]) -> dict[str, float]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load
+
+    from tandem import LLM, SamplingParams
+
+    model = load(str(path))[0]
+
+    def run_mlx() -> float:
+        t0 = 0.0
+        for i, _ in enumerate(generate_step(mx.array(prompt), model, max_tokens=n)):
+            if i == 0:
+                t0 = time.perf_counter()
+        return (n - 1) / (time.perf_counter() - t0)
+
+    out: dict[str, float] = {}
+    run_mlx()
+    out["mlx_lm_tok_s"] = statistics.median(run_mlx() for _ in range(repeats))
+    model = None  # free it before Tandem loads its copy
+    sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    for overlap in (True, False):
+        llm = LLM(str(path), overlap=overlap, max_num_seqs=8)
+
+        def run_tandem(llm: Any = llm) -> float:
+            t0 = 0.0
+            for i, _ in enumerate(llm.stream(prompt, sp)):
+                if i == 0:
+                    t0 = time.perf_counter()
+            return (n - 1) / (time.perf_counter() - t0)
+
+        run_tandem()
+        key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
+        out[key] = statistics.median(run_tandem() for _ in range(repeats))
+        del llm
+    out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+    out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
+    return out
+
+
+def batched(
+    path: Path, b: int, in_len: int, out_len: int, repeats: int, vocab: int, overlap_too: bool
+) -> dict[str, float]:
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.utils import load
+
+    from tandem import LLM, SamplingParams
+
+    rng = random.Random(b)
+    prompts = [[rng.randrange(10, vocab) for _ in range(in_len)] for _ in range(b)]
+    total = b * out_len
+    model = load(str(path))[0]
+
+    def run_mlx() -> None:
+        r = batch_generate(
+            model,
+            _NoEos(),
+            prompts,
+            max_tokens=out_len,
+            completion_batch_size=b,
+            prefill_batch_size=min(b, 8),
+            return_token_ids=True,
+        )
+        assert sum(len(t) for t in r.token_ids) == total
+
+    out = {"mlx_lm_tok_s": total / _median_time(run_mlx, repeats)}
+    model = None  # free it before Tandem loads its copy
+    sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    for overlap in (True, False) if overlap_too else (True,):
+        llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8))
+
+        def run_tandem(llm: Any = llm) -> None:
+            outs = llm.generate(prompts, sp)
+            assert sum(len(o.token_ids) for o in outs) == total
+
+        key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
+        out[key] = total / _median_time(run_tandem, repeats)
+        del llm
+    out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+    if overlap_too:
+        out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model directory (default: a random-weight --shape)")
+    p.add_argument("--shape", choices=RANDOM_SHAPES, default="tiny")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--batch-sizes", default="16,64,256")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--single-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--overlap-batch", type=int, default=64, help="also run this batch size with overlap off"
+    )
+    p.add_argument("--json", help="write results here")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
+
+    # isort: split
+    import mlx.core as mx
+    import mlx_lm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.model) if args.model else make_model(args.shape, args.dtype, Path(tmp))
+        cfg = json.loads((path / "config.json").read_text())
+        vocab = min(int(cfg["vocab_size"]), 512)
+        results: dict[str, Any] = {
+            "model": args.model or f"random {args.shape} ({args.dtype})",
+            "device": str(mx.default_device()),
+            "machine": platform.machine(),
+            "mlx": mx.__version__,
+            "mlx_lm": mlx_lm.__version__,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+        }
+        prompt = [random.Random(0).randrange(10, vocab) for _ in range(32)]
+        results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt)
+        _report("single stream", results["single"])
+        for b in [int(x) for x in args.batch_sizes.split(",") if x]:
+            r = batched(
+                path,
+                b,
+                args.input_len,
+                args.output_len,
+                args.repeats,
+                vocab,
+                overlap_too=b == args.overlap_batch,
+            )
+            results[f"batch_{b}"] = r
+            _report(f"B={b}", r)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _report(name: str, r: dict[str, float]) -> None:
+    parts = [f"{k}={v:.2f}" for k, v in r.items()]
+    print(f"{name:>14}: " + "  ".join(parts), file=sys.stderr, flush=True)
