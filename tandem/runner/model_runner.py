@@ -87,6 +87,10 @@ class ModelRunner:
                     mx.array(chunk.token_ids, dtype=mx.int32)[None],
                     cache=self.kv.row_caches(chunk.row, chunk.start),
                 )
+                # Submit each chunk on its own: in one shared graph the next chunk's write
+                # could be scheduled before this chunk's attention read the buffer, and
+                # MLX would then copy the whole buffer instead of writing in place.
+                mx.async_eval(*self.kv.arrays())
             if plan.chained:
                 assert parent is not None
                 tokens_in, sampling = parent.tokens, parent.sampling
