@@ -25,13 +25,19 @@ class BuiltEngine:
 
 
 def build_engine(config: EngineConfig) -> BuiltEngine:
-    from tandem.runner.loader import available_memory_bytes, load_model
+    from tandem.runner.loader import available_memory_bytes, load_model, prepare_for_device
     from tandem.runner.model_runner import ModelRunner
 
     path = resolve_model(config.model)
     tokenizer = Tokenizer.load(path)
     model, model_config = load_model(path)
     model_type = str(model_config.get("model_type", ""))
+    log.info(
+        "model %s (%s), compute dtype: %s",
+        path,
+        model_type,
+        prepare_for_device(model, config.dtype),
+    )
     runner = ModelRunner(model, max_rows=config.max_num_seqs, model_type=model_type)
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+
+# transformers warns at import that PyTorch is missing; Tandem never needs it.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _generate(args: argparse.Namespace) -> int:

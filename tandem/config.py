@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class EngineConfig:
     model: str | None = None  # directory, .gguf file, or None for the default model
     overlap: bool = True
+    dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length
     max_num_batched_tokens: int = 2048
