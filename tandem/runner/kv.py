@@ -42,6 +42,7 @@ class KVPool:
         self.capacity = 0
         self.keys: list[mx.array] = []
         self.values: list[mx.array] = []
+        self._row_index: dict[int, mx.array] = {}
 
     @property
     def nbytes(self) -> int:
@@ -71,8 +72,16 @@ class KVPool:
     def row_caches(self, row: int, start: int) -> list[RowCache]:
         return [RowCache(self, i, row, start) for i in range(self.shape.num_layers)]
 
-    def batch_caches(self, num_rows: int, positions: mx.array, length: int) -> list[BatchCache]:
-        ctx = BatchContext(num_rows, positions, length, self.shape.num_kv_heads)
+    def batch_caches(
+        self, num_rows: int, positions: mx.array, length: int, *, ragged: bool
+    ) -> list[BatchCache]:
+        """Caches for a decode forward over rows 0..num_rows-1. ``ragged`` is False when every
+        row writes the same position: then all ``length`` keys are valid and no mask is built."""
+        h = self.shape.num_kv_heads
+        index = self._row_index.get(num_rows)
+        if index is None:
+            index = self._row_index[num_rows] = mx.arange(num_rows * h, dtype=mx.int32)
+        ctx = BatchContext(num_rows, positions, length, h, ragged, index)
         return [BatchCache(self, i, ctx) for i in range(self.shape.num_layers)]
 
 
@@ -116,12 +125,14 @@ class BatchContext:
     positions: mx.array  # (R,) int32: the position each row writes this step
     length: int  # attend over [0, length)
     num_kv_heads: int
+    ragged: bool
+    row_index: mx.array  # arange(num_rows * num_kv_heads)
     _mask: mx.array | None = None
-    _flat_rows: mx.array | None = None
+    _write_pos: mx.array | None = None
 
     @property
-    def mask(self) -> mx.array:
-        if self._mask is None:
+    def mask(self) -> mx.array | None:
+        if self._mask is None and self.ragged:
             cols = mx.arange(self.length, dtype=mx.int32)
             self._mask = (cols[None] <= self.positions[:, None])[:, None, None, :]
         return self._mask
@@ -129,10 +140,9 @@ class BatchContext:
     @property
     def flat_rows(self) -> tuple[mx.array, mx.array]:
         """(row*heads + head, position) index pairs for the scatter."""
-        if self._flat_rows is None:
-            h = self.num_kv_heads
-            self._flat_rows = mx.arange(self.num_rows * h, dtype=mx.int32)
-        return self._flat_rows, mx.repeat(self.positions, self.num_kv_heads)
+        if self._write_pos is None:
+            self._write_pos = mx.repeat(self.positions, self.num_kv_heads)
+        return self.row_index, self._write_pos
 
 
 class BatchCache:

@@ -100,7 +100,8 @@ class ModelRunner:
                 sampling = make_sampling_arrays(plan.sampling, self.vocab_size)
                 positions = mx.array(plan.positions, dtype=mx.int32)
             length = max(plan.positions) + 1
-            caches = self.kv.batch_caches(plan.num_rows, positions, length)
+            ragged = min(plan.positions) + 1 != length
+            caches = self.kv.batch_caches(plan.num_rows, positions, length, ragged=ragged)
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             tokens = sample(logits, sampling, positions)
             mx.async_eval(tokens, *self.kv.arrays())
