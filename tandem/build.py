@@ -38,10 +38,12 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         model_type,
         prepare_for_device(model, config.dtype),
     )
-    runner = ModelRunner(model, max_rows=config.max_num_seqs, model_type=model_type)
+    runner = ModelRunner(
+        model, max_rows=config.max_num_seqs, model_type=model_type, double_buffer=config.overlap
+    )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    per_token = runner.kv.shape.bytes_per_token
+    per_token = runner.kv.bytes_per_token
     budget = config.kv_budget_tokens or int(
         available_memory_bytes() * config.kv_memory_fraction // per_token
     )

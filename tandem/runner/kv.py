@@ -1,11 +1,18 @@
-"""KV storage: one dense buffer per layer for K and V, ``(rows * kv_heads, capacity, head_dim)``.
+"""KV storage: per layer, dense K and V buffers shaped ``(rows * kv_heads, capacity, head_dim)``.
 
-Layout choice (docs/kv_layout.md has the measurement): each running request owns one row for
-its whole life. A decode step writes one position per row *in place* (a scatter that MLX
-donates, so no buffer copy) and attends over ``rows[:R, :, :L]`` — a view, never a gather —
-with a per-row length mask. Nothing is re-padded or moved when requests join or leave.
-Buffers grow (rarely: rows in steps of 8, capacity in 256-token chunks) and that growth is the
-only copy.
+Layout (docs/design.md has the measurements): each running request owns one row for its whole
+life. A decode step writes one position per row with a scatter that MLX performs in place, and
+attends over ``rows[:R, :, :L]`` — a view, never a gather — with a per-row length mask.
+Nothing is re-padded or moved when requests join or leave; buffers only grow (rows in steps of
+8, capacity in 256-token chunks), and that growth is the only copy.
+
+Two steps in flight: MLX keeps every input of a launched kernel alive until it has run, so a
+write into a buffer that the in-flight step still reads cannot be done in place — MLX copies
+the whole buffer instead (every layer, every step). With ``double_buffer`` the pool keeps two
+buffer sets and alternates between them step by step: a step writes only into its own set,
+which the in-flight step does not touch, and first replays the writes the other set received
+since (its "lag": the previous step's token, or its prefill chunks). That costs 2x KV memory
+and one extra small scatter per layer, against a full KV copy per layer per step.
 
 The cache objects speak mlx-lm's cache protocol (``offset``, ``update_and_fetch``,
 ``make_mask``, ``state``) so unmodified mlx-lm model code drives them.
@@ -32,42 +39,120 @@ class KVShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.size
 
 
+@dataclass(frozen=True)
+class _Write:
+    """One layer's write, replayed into the other buffer set. ``row`` set: a prefill chunk
+    at ``start``; otherwise a scatter at (``index``, ``positions``)."""
+
+    keys: mx.array
+    values: mx.array
+    row: int = -1
+    start: int = 0
+    index: mx.array | None = None
+    positions: mx.array | None = None
+
+
 class KVPool:
     """Owns the per-layer buffers. Rows are assigned by the scheduler, not here."""
 
-    def __init__(self, shape: KVShape, max_rows: int) -> None:
+    def __init__(self, shape: KVShape, max_rows: int, *, double_buffer: bool) -> None:
         self.shape = shape
         self.max_rows = max_rows
         self.num_rows = 0
         self.capacity = 0
-        self.keys: list[mx.array] = []
-        self.values: list[mx.array] = []
+        self.num_sets = 2 if double_buffer else 1
+        # sets[s] = (keys per layer, values per layer)
+        self.sets: list[tuple[list[mx.array], list[mx.array]]] = [
+            ([], []) for _ in range(self.num_sets)
+        ]
+        self.current = 0
+        self._lag: list[list[list[_Write]]] = [
+            [[] for _ in range(shape.num_layers)] for _ in range(self.num_sets)
+        ]
         self._row_index: dict[int, mx.array] = {}
 
     @property
-    def nbytes(self) -> int:
-        return self.num_rows * self.capacity * self.shape.bytes_per_token
+    def bytes_per_token(self) -> int:
+        return self.num_sets * self.shape.bytes_per_token
 
-    def ensure(self, num_rows: int, capacity: int) -> None:
-        """Grow (lazily, as graph ops) so rows < num_rows and positions < capacity fit."""
+    @property
+    def nbytes(self) -> int:
+        return self.num_rows * self.capacity * self.bytes_per_token
+
+    def begin_step(self, num_rows: int, capacity: int) -> None:
+        """Switch to the other buffer set, grow if needed, and replay its lag."""
+        self.current = (self.current + 1) % self.num_sets
+        self._ensure(num_rows, capacity)
+        keys, values = self.sets[self.current]
+        h = self.shape.num_kv_heads
+        for layer, writes in enumerate(self._lag[self.current]):
+            for w in writes:
+                if w.index is None:
+                    r0, n = w.row * h, w.keys.shape[1]
+                    keys[layer][r0 : r0 + h, w.start : w.start + n, :] = w.keys
+                    values[layer][r0 : r0 + h, w.start : w.start + n, :] = w.values
+                else:
+                    keys[layer][w.index, w.positions] = w.keys
+                    values[layer][w.index, w.positions] = w.values
+            writes.clear()
+
+    def arrays(self) -> list[mx.array]:
+        keys, values = self.sets[self.current]
+        return keys + values
+
+    def _ensure(self, num_rows: int, capacity: int) -> None:
         if num_rows <= self.num_rows and capacity <= self.capacity:
             return
         rows = min(self.max_rows, max(self.num_rows, -(-num_rows // ROW_STEP) * ROW_STEP))
         cap = max(self.capacity, capacity)
         h, d = self.shape.num_kv_heads, self.shape.head_dim
-        for store in (self.keys, self.values):
-            for i in range(self.shape.num_layers):
-                new = mx.zeros((rows * h, cap, d), dtype=self.shape.dtype)
-                if self.num_rows:
-                    new[: self.num_rows * h, : self.capacity, :] = store[i]
-                if i < len(store):
-                    store[i] = new
-                else:
-                    store.append(new)
+        for keys, values in self.sets:
+            for store in (keys, values):
+                for i in range(self.shape.num_layers):
+                    new = mx.zeros((rows * h, cap, d), dtype=self.shape.dtype)
+                    if self.num_rows:
+                        new[: self.num_rows * h, : self.capacity, :] = store[i]
+                    if i < len(store):
+                        store[i] = new
+                    else:
+                        store.append(new)
         self.num_rows, self.capacity = rows, cap
 
-    def arrays(self) -> list[mx.array]:
-        return self.keys + self.values
+    def _record(self, layer: int, write: _Write) -> None:
+        for s in range(self.num_sets):
+            if s != self.current:
+                self._lag[s][layer].append(write)
+
+    def write_chunk(
+        self, layer: int, row: int, start: int, keys: mx.array, values: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Write (H, n, D) at ``start`` of ``row``; returns the row's (1, H, start+n, D) views."""
+        h, n = self.shape.num_kv_heads, keys.shape[1]
+        r0 = row * h
+        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
+        k_buf[r0 : r0 + h, start : start + n, :] = keys
+        v_buf[r0 : r0 + h, start : start + n, :] = values
+        self._record(layer, _Write(keys, values, row=row, start=start))
+        return k_buf[None, r0 : r0 + h, : start + n, :], v_buf[None, r0 : r0 + h, : start + n, :]
+
+    def write_rows(
+        self, layer: int, ctx: BatchContext, keys: mx.array, values: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Write one (R*H, D) position per row; returns (R, H, length, D) views."""
+        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
+        k_buf[ctx.row_index, ctx.write_positions] = keys
+        v_buf[ctx.row_index, ctx.write_positions] = values
+        self._record(
+            layer, _Write(keys, values, index=ctx.row_index, positions=ctx.write_positions)
+        )
+        h, d = self.shape.num_kv_heads, self.shape.head_dim
+        shape = (self.num_rows, h, self.capacity, d)
+        r, n = ctx.num_rows, ctx.length
+        return k_buf.reshape(shape)[:r, :, :n, :], v_buf.reshape(shape)[:r, :, :n, :]
+
+    def layer_buffers(self, layer: int) -> tuple[mx.array, mx.array]:
+        keys, values = self.sets[self.current]
+        return keys[layer], values[layer]
 
     def row_caches(self, row: int, start: int) -> list[RowCache]:
         return [RowCache(self, i, row, start) for i in range(self.shape.num_layers)]
@@ -81,7 +166,7 @@ class KVPool:
         index = self._row_index.get(num_rows)
         if index is None:
             index = self._row_index[num_rows] = mx.arange(num_rows * h, dtype=mx.int32)
-        ctx = BatchContext(num_rows, positions, length, h, ragged, index)
+        ctx = BatchContext(num_rows, positions, length, ragged, index, mx.repeat(positions, h))
         return [BatchCache(self, i, ctx) for i in range(self.shape.num_layers)]
 
 
@@ -93,14 +178,9 @@ class RowCache:
         self.offset = start
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        h = self.pool.shape.num_kv_heads
-        r0, r1 = self.row * h, (self.row + 1) * h
-        s, n = self.offset, keys.shape[2]
-        self.offset += n
-        k_buf, v_buf = self.pool.keys[self.layer], self.pool.values[self.layer]
-        k_buf[r0:r1, s : s + n, :] = keys[0]
-        v_buf[r0:r1, s : s + n, :] = values[0]
-        return k_buf[None, r0:r1, : s + n, :], v_buf[None, r0:r1, : s + n, :]
+        start = self.offset
+        self.offset += keys.shape[2]
+        return self.pool.write_chunk(self.layer, self.row, start, keys[0], values[0])
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         if window_size is not None:
@@ -114,7 +194,7 @@ class RowCache:
 
     @property
     def state(self) -> tuple[mx.array, mx.array]:
-        return self.pool.keys[self.layer], self.pool.values[self.layer]
+        return self.pool.layer_buffers(self.layer)
 
 
 @dataclass
@@ -124,11 +204,10 @@ class BatchContext:
     num_rows: int
     positions: mx.array  # (R,) int32: the position each row writes this step
     length: int  # attend over [0, length)
-    num_kv_heads: int
     ragged: bool
-    row_index: mx.array  # arange(num_rows * num_kv_heads)
+    row_index: mx.array  # arange(R * kv_heads): the flat (row, head) index of the scatter
+    write_positions: mx.array  # positions repeated per head
     _mask: mx.array | None = None
-    _write_pos: mx.array | None = None
 
     @property
     def mask(self) -> mx.array | None:
@@ -136,13 +215,6 @@ class BatchContext:
             cols = mx.arange(self.length, dtype=mx.int32)
             self._mask = (cols[None] <= self.positions[:, None])[:, None, None, :]
         return self._mask
-
-    @property
-    def flat_rows(self) -> tuple[mx.array, mx.array]:
-        """(row*heads + head, position) index pairs for the scatter."""
-        if self._write_pos is None:
-            self._write_pos = mx.repeat(self.positions, self.num_kv_heads)
-        return self.row_index, self._write_pos
 
 
 class BatchCache:
@@ -156,17 +228,11 @@ class BatchCache:
         return self.ctx.positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        ctx, pool = self.ctx, self.pool
-        r, h, d = ctx.num_rows, ctx.num_kv_heads, pool.shape.head_dim
-        idx, pos = ctx.flat_rows
-        k_buf, v_buf = pool.keys[self.layer], pool.values[self.layer]
-        # In-place scatter of one position per (row, head); see the module docstring.
-        k_buf[idx, pos] = keys.reshape(r * h, d)
-        v_buf[idx, pos] = values.reshape(r * h, d)
-        shape = (pool.num_rows, h, pool.capacity, d)
-        k = k_buf.reshape(shape)[:r, :, : ctx.length, :]
-        v = v_buf.reshape(shape)[:r, :, : ctx.length, :]
-        return k, v
+        rh = self.ctx.num_rows * self.pool.shape.num_kv_heads
+        d = self.pool.shape.head_dim
+        return self.pool.write_rows(
+            self.layer, self.ctx, keys.reshape(rh, d), values.reshape(rh, d)
+        )
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         if window_size is not None:
@@ -176,4 +242,4 @@ class BatchCache:
 
     @property
     def state(self) -> tuple[mx.array, mx.array]:
-        return self.pool.keys[self.layer], self.pool.values[self.layer]
+        return self.pool.layer_buffers(self.layer)

@@ -69,18 +69,22 @@ def probe_kv_shape(model: nn.Module) -> tuple[KVShape, int]:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, *, max_rows: int, model_type: str = "") -> None:
+    def __init__(
+        self, model: nn.Module, *, max_rows: int, model_type: str = "", double_buffer: bool = True
+    ) -> None:
+        """``double_buffer``: two KV buffer sets so a step never writes what the step still in
+        flight reads (needed for in-place writes with overlap; see runner/kv.py)."""
         check_supported(model, model_type)
         self.model = model
         self.stream = mx.new_stream(mx.default_device())
         with mx.stream(self.stream):
             kv_shape, self.vocab_size = probe_kv_shape(model)
-        self.kv = KVPool(kv_shape, max_rows)
+        self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer)
 
     def launch(self, plan: StepPlan, parent: Handle | None) -> Handle:
         with mx.stream(self.stream):
             needed_rows = max([plan.num_rows] + [c.row + 1 for c in plan.chunks])
-            self.kv.ensure(needed_rows, plan.capacity)
+            self.kv.begin_step(needed_rows, plan.capacity)
             for chunk in plan.chunks:
                 # Cache-only forward: its logits are never evaluated, so never computed.
                 self.model(
