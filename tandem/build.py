@@ -39,7 +39,12 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         prepare_for_device(model, config.dtype),
     )
     runner = ModelRunner(
-        model, max_rows=config.max_num_seqs, model_type=model_type, double_buffer=config.overlap
+        model,
+        max_rows=config.max_num_seqs,
+        model_type=model_type,
+        double_buffer=config.overlap
+        if config.kv_double_buffer is None
+        else config.kv_double_buffer,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)

@@ -69,7 +69,9 @@ class _NoEos:
         return ""
 
 
-def single_stream(path: Path, n: int, repeats: int, prompt: list[int]) -> dict[str, float]:
+def single_stream(
+    path: Path, n: int, repeats: int, prompt: list[int], engine_options: dict[str, Any]
+) -> dict[str, float]:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
@@ -91,7 +93,7 @@ def single_stream(path: Path, n: int, repeats: int, prompt: list[int]) -> dict[s
     model = None  # free it before Tandem loads its copy
     sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     for overlap in (True, False):
-        llm = LLM(str(path), overlap=overlap, max_num_seqs=8)
+        llm = LLM(str(path), overlap=overlap, max_num_seqs=8, **engine_options)
 
         def run_tandem(llm: Any = llm) -> float:
             t0 = 0.0
@@ -110,7 +112,14 @@ def single_stream(path: Path, n: int, repeats: int, prompt: list[int]) -> dict[s
 
 
 def batched(
-    path: Path, b: int, in_len: int, out_len: int, repeats: int, vocab: int, overlap_too: bool
+    path: Path,
+    b: int,
+    in_len: int,
+    out_len: int,
+    repeats: int,
+    vocab: int,
+    overlap_too: bool,
+    engine_options: dict[str, Any],
 ) -> dict[str, float]:
     from mlx_lm.generate import batch_generate
     from mlx_lm.utils import load
@@ -138,7 +147,7 @@ def batched(
     model = None  # free it before Tandem loads its copy
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     for overlap in (True, False) if overlap_too else (True,):
-        llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8))
+        llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8), **engine_options)
 
         def run_tandem(llm: Any = llm) -> None:
             outs = llm.generate(prompts, sp)
@@ -165,6 +174,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overlap-batch", type=int, default=64, help="also run this batch size with overlap off"
     )
+    p.add_argument(
+        "--kv-double-buffer",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="Tandem's KV double buffering (auto: on with overlap)",
+    )
     p.add_argument("--json", help="write results here")
 
 
@@ -189,7 +204,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "output_len": args.output_len,
         }
         prompt = [random.Random(0).randrange(10, vocab) for _ in range(32)]
-        results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt)
+        opts: dict[str, Any] = {}
+        if args.kv_double_buffer != "auto":
+            opts["kv_double_buffer"] = args.kv_double_buffer == "on"
+        results["engine_options"] = opts
+        results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt, opts)
         _report("single stream", results["single"])
         for b in [int(x) for x in args.batch_sizes.split(",") if x]:
             r = batched(
@@ -200,6 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.repeats,
                 vocab,
                 overlap_too=b == args.overlap_batch,
+                engine_options=opts,
             )
             results[f"batch_{b}"] = r
             _report(f"B={b}", r)

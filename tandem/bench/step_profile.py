@@ -15,11 +15,15 @@ import time
 from pathlib import Path
 
 
-def profile(path: Path, batch: int, in_len: int, steps: int, overlap: bool) -> dict[str, float]:
+def profile(
+    path: Path, batch: int, in_len: int, steps: int, overlap: bool, double_buffer: bool | None
+) -> dict[str, float]:
     import tandem.runner.model_runner as mr
     from tandem import LLM, SamplingParams
 
-    llm = LLM(str(path), overlap=overlap, max_num_seqs=max(batch, 8))
+    llm = LLM(
+        str(path), overlap=overlap, max_num_seqs=max(batch, 8), kv_double_buffer=double_buffer
+    )
     runner = llm.engine.loop.runner
     rec: dict[str, list[float]] = {"build": [], "submit": [], "wait": [], "step": []}
     real_async_eval, real_launch, real_finalize = mr.mx.async_eval, runner.launch, runner.finalize
@@ -73,16 +77,21 @@ def main() -> None:
     p.add_argument("--batch", default="1,64")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=128)
+    p.add_argument(
+        "--single-buffer-too",
+        action="store_true",
+        help="also run overlap on with one KV buffer set",
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(a.shape, a.dtype, Path(tmp))
         for b in [int(x) for x in a.batch.split(",")]:
-            for overlap in (True, False):
-                r = profile(path, b, a.input_len, a.steps, overlap)
+            modes = [(True, None), (False, None)] + ([(True, False)] if a.single_buffer_too else [])
+            for overlap, double in modes:
+                r = profile(path, b, a.input_len, a.steps, overlap, double)
                 cells = "  ".join(f"{k}={v:.2f}" for k, v in r.items())
-                print(
-                    f"B={b:<4} overlap={'on ' if overlap else 'off'} ms/step: {cells}", flush=True
-                )
+                name = ("on " if overlap else "off") + (" 1buf" if double is False else "")
+                print(f"B={b:<4} overlap={name} ms/step: {cells}", flush=True)
 
 
 if __name__ == "__main__":

@@ -150,9 +150,28 @@ class KVPool:
         r, n = ctx.num_rows, ctx.length
         return k_buf.reshape(shape)[:r, :, :n, :], v_buf.reshape(shape)[:r, :, :n, :]
 
+    def write_scatter(
+        self, layer: int, index: mx.array, positions: mx.array, keys: mx.array, values: mx.array
+    ) -> None:
+        """Write (N, D) entries at flat (row*heads+head, position) pairs."""
+        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
+        k_buf[index, positions] = keys
+        v_buf[index, positions] = values
+        self._record(layer, _Write(keys, values, index=index, positions=positions))
+
     def layer_buffers(self, layer: int) -> tuple[mx.array, mx.array]:
         keys, values = self.sets[self.current]
         return keys[layer], values[layer]
+
+    def first_chunk_caches(self, rows: list[int], length: int) -> list[FirstChunkCache]:
+        """Caches for one forward over several prompts' first chunks, right-padded to
+        ``length``: they attend only to themselves, so the row buffers are written, not read.
+        Padding writes land at positions the row has not reached yet (later overwritten)."""
+        h = self.shape.num_kv_heads
+        row_heads = mx.array([r * h + i for r in rows for i in range(h)], dtype=mx.int32)
+        index = mx.repeat(row_heads, length)
+        positions = mx.tile(mx.arange(length, dtype=mx.int32), len(rows) * h)
+        return [FirstChunkCache(self, i, index, positions) for i in range(self.shape.num_layers)]
 
     def row_caches(self, row: int, start: int) -> list[RowCache]:
         return [RowCache(self, i, row, start) for i in range(self.shape.num_layers)]
@@ -190,6 +209,35 @@ class RowCache:
         if return_array:
             q = mx.arange(self.offset, self.offset + n)[:, None]
             return q >= mx.arange(self.offset + n)[None]
+        return "causal"
+
+    @property
+    def state(self) -> tuple[mx.array, mx.array]:
+        return self.pool.layer_buffers(self.layer)
+
+
+class FirstChunkCache:
+    """One layer of a batched first-chunk prefill (positions 0..T-1 of several rows)."""
+
+    offset = 0
+
+    def __init__(self, pool: KVPool, layer: int, index: mx.array, positions: mx.array) -> None:
+        self.pool, self.layer, self.index, self.positions = pool, layer, index, positions
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        d = keys.shape[-1]
+        self.pool.write_scatter(
+            self.layer, self.index, self.positions, keys.reshape(-1, d), values.reshape(-1, d)
+        )
+        return keys, values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        if window_size is not None:
+            raise ValueError("sliding-window attention is not supported")
+        if n == 1:
+            return None
+        if return_array:
+            return mx.arange(n)[:, None] >= mx.arange(n)[None]
         return "causal"
 
     @property

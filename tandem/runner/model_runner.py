@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import KVPool, KVShape
 from tandem.runner.sampler import SamplingArrays, make_sampling_arrays, sample
 
@@ -26,6 +26,27 @@ class Handle:
     tokens: mx.array
     positions: mx.array
     sampling: SamplingArrays
+
+
+MAX_PADDING = 0.25  # padded tokens allowed per batched first-chunk forward
+
+
+def group_first_chunks(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+    """Group chunks of similar length so right-padding wastes at most ~MAX_PADDING."""
+    groups: list[list[PrefillChunk]] = []
+    real = 0
+    for c in sorted(chunks, key=lambda c: -len(c.token_ids)):
+        n = len(c.token_ids)
+        if groups:
+            g = groups[-1]
+            longest = len(g[0].token_ids)
+            if longest * (len(g) + 1) <= (1 + MAX_PADDING) * (real + n):
+                g.append(c)
+                real += n
+                continue
+        groups.append([c])
+        real = n
+    return groups
 
 
 class _ProbeCache:
@@ -85,16 +106,7 @@ class ModelRunner:
         with mx.stream(self.stream):
             needed_rows = max([plan.num_rows] + [c.row + 1 for c in plan.chunks])
             self.kv.begin_step(needed_rows, plan.capacity)
-            for chunk in plan.chunks:
-                # Cache-only forward: its logits are never evaluated, so never computed.
-                self.model(
-                    mx.array(chunk.token_ids, dtype=mx.int32)[None],
-                    cache=self.kv.row_caches(chunk.row, chunk.start),
-                )
-                # Submit each chunk on its own: in one shared graph the next chunk's write
-                # could be scheduled before this chunk's attention read the buffer, and
-                # MLX would then copy the whole buffer instead of writing in place.
-                mx.async_eval(*self.kv.arrays())
+            self._prefill(plan.chunks)
             if plan.chained:
                 assert parent is not None
                 tokens_in, sampling = parent.tokens, parent.sampling
@@ -110,6 +122,30 @@ class ModelRunner:
             tokens = sample(logits, sampling, positions)
             mx.async_eval(tokens, *self.kv.arrays())
         return Handle(plan, tokens, positions, sampling)
+
+    def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
+        """Cache-only forwards (their logits are never evaluated, so never computed).
+
+        First chunks of several prompts share one right-padded forward; continuation chunks
+        read their row's earlier KV and run one by one. Each forward is submitted on its own:
+        in one shared graph a later write could be scheduled before an earlier read of the same
+        buffer, and MLX would then copy the buffer instead of writing in place.
+        """
+        for group in group_first_chunks([c for c in chunks if c.start == 0]):
+            length = max(len(c.token_ids) for c in group)
+            tokens = mx.array(
+                [list(c.token_ids) + [0] * (length - len(c.token_ids)) for c in group],
+                dtype=mx.int32,
+            )
+            self.model(tokens, cache=self.kv.first_chunk_caches([c.row for c in group], length))
+            mx.async_eval(*self.kv.arrays())
+        for chunk in chunks:
+            if chunk.start > 0:
+                self.model(
+                    mx.array(chunk.token_ids, dtype=mx.int32)[None],
+                    cache=self.kv.row_caches(chunk.row, chunk.start),
+                )
+                mx.async_eval(*self.kv.arrays())
 
     def finalize(self, handle: Handle) -> StepResult:
         return StepResult(handle.plan.step_id, tuple(handle.tokens.tolist()))
