@@ -42,9 +42,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         model,
         max_rows=config.max_num_seqs,
         model_type=model_type,
-        double_buffer=config.overlap
-        if config.kv_double_buffer is None
-        else config.kv_double_buffer,
+        overlap=config.overlap,
+        double_buffer=config.kv_double_buffer,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)

@@ -15,8 +15,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     kv_memory_fraction: float = 0.5  # of the memory available after loading the weights
     kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
-    # Two KV buffer sets so a step never writes what the in-flight step reads (None: on
-    # with overlap). Costs 2x KV memory; without it MLX may copy whole buffers per step.
+    # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
+    # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
     check_invariants: bool = False
     seed: int | None = None

@@ -41,12 +41,13 @@ class KVShape:
 
 @dataclass(frozen=True)
 class _Write:
-    """One layer's write, replayed into the other buffer set. ``row`` set: a prefill chunk
-    at ``start``; otherwise a scatter at (``index``, ``positions``)."""
+    """One layer's write, replayed into the other buffer set: either a slab — flat rows
+    ``flat_row0 ..`` (row * kv_heads + head) at positions ``start ..`` — or a scatter at
+    (``index``, ``positions``)."""
 
-    keys: mx.array
+    keys: mx.array  # slab: (flat rows, n, D); scatter: (N, D)
     values: mx.array
-    row: int = -1
+    flat_row0: int = 0
     start: int = 0
     index: mx.array | None = None
     positions: mx.array | None = None
@@ -84,13 +85,10 @@ class KVPool:
         self.current = (self.current + 1) % self.num_sets
         self._ensure(num_rows, capacity)
         keys, values = self.sets[self.current]
-        h = self.shape.num_kv_heads
         for layer, writes in enumerate(self._lag[self.current]):
             for w in writes:
                 if w.index is None:
-                    r0, n = w.row * h, w.keys.shape[1]
-                    keys[layer][r0 : r0 + h, w.start : w.start + n, :] = w.keys
-                    values[layer][r0 : r0 + h, w.start : w.start + n, :] = w.values
+                    self._write_slab(keys[layer], values[layer], w.flat_row0, w.start, w)
                 else:
                     keys[layer][w.index, w.positions] = w.keys
                     values[layer][w.index, w.positions] = w.values
@@ -123,28 +121,39 @@ class KVPool:
             if s != self.current:
                 self._lag[s][layer].append(write)
 
+    @staticmethod
+    def _write_slab(k_buf: mx.array, v_buf: mx.array, r0: int, start: int, w: _Write) -> None:
+        f, n = w.keys.shape[0], w.keys.shape[1]
+        k_buf[r0 : r0 + f, start : start + n, :] = w.keys
+        v_buf[r0 : r0 + f, start : start + n, :] = w.values
+
+    def _slab(self, layer: int, r0: int, start: int, keys: mx.array, values: mx.array) -> None:
+        """In-place slice write (the cheapest write MLX has) into the current set."""
+        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
+        w = _Write(keys, values, flat_row0=r0, start=start)
+        self._write_slab(k_buf, v_buf, r0, start, w)
+        self._record(layer, w)
+
     def write_chunk(
         self, layer: int, row: int, start: int, keys: mx.array, values: mx.array
     ) -> tuple[mx.array, mx.array]:
         """Write (H, n, D) at ``start`` of ``row``; returns the row's (1, H, start+n, D) views."""
         h, n = self.shape.num_kv_heads, keys.shape[1]
         r0 = row * h
-        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
-        k_buf[r0 : r0 + h, start : start + n, :] = keys
-        v_buf[r0 : r0 + h, start : start + n, :] = values
-        self._record(layer, _Write(keys, values, row=row, start=start))
+        self._slab(layer, r0, start, keys, values)
+        k_buf, v_buf = self.layer_buffers(layer)
         return k_buf[None, r0 : r0 + h, : start + n, :], v_buf[None, r0 : r0 + h, : start + n, :]
 
     def write_rows(
         self, layer: int, ctx: BatchContext, keys: mx.array, values: mx.array
     ) -> tuple[mx.array, mx.array]:
-        """Write one (R*H, D) position per row; returns (R, H, length, D) views."""
-        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
-        k_buf[ctx.row_index, ctx.write_positions] = keys
-        v_buf[ctx.row_index, ctx.write_positions] = values
-        self._record(
-            layer, _Write(keys, values, index=ctx.row_index, positions=ctx.write_positions)
-        )
+        """Write one (R*H, D) position per row; returns (R, H, length, D) views. When every
+        row is at the same position this is one slice write, else one scatter."""
+        if ctx.uniform_position is not None:
+            self._slab(layer, 0, ctx.uniform_position, keys[:, None, :], values[:, None, :])
+        else:
+            self.write_scatter(layer, ctx.row_index, ctx.write_positions, keys, values)
+        k_buf, v_buf = self.layer_buffers(layer)
         h, d = self.shape.num_kv_heads, self.shape.head_dim
         shape = (self.num_rows, h, self.capacity, d)
         r, n = ctx.num_rows, ctx.length
@@ -176,16 +185,10 @@ class KVPool:
     def row_caches(self, row: int, start: int) -> list[RowCache]:
         return [RowCache(self, i, row, start) for i in range(self.shape.num_layers)]
 
-    def batch_caches(
-        self, num_rows: int, positions: mx.array, length: int, *, ragged: bool
-    ) -> list[BatchCache]:
-        """Caches for a decode forward over rows 0..num_rows-1. ``ragged`` is False when every
-        row writes the same position: then all ``length`` keys are valid and no mask is built."""
-        h = self.shape.num_kv_heads
-        index = self._row_index.get(num_rows)
-        if index is None:
-            index = self._row_index[num_rows] = mx.arange(num_rows * h, dtype=mx.int32)
-        ctx = BatchContext(num_rows, positions, length, ragged, index, mx.repeat(positions, h))
+    def batch_caches(self, positions: tuple[int, ...], array: mx.array | None) -> list[BatchCache]:
+        """Caches for a decode forward over rows 0..len(positions)-1; ``array`` is
+        ``positions`` on the device when the caller already has it."""
+        ctx = BatchContext(self.shape.num_kv_heads, positions, array, self._row_index)
         return [BatchCache(self, i, ctx) for i in range(self.shape.num_layers)]
 
 
@@ -245,24 +248,58 @@ class FirstChunkCache:
         return self.pool.layer_buffers(self.layer)
 
 
-@dataclass
 class BatchContext:
-    """Shared by every layer of one decode forward."""
+    """Shared by every layer of one decode forward. When all rows are at one position (always
+    at batch 1) writes are a slice, RoPE takes an int offset and no mask is built."""
 
-    num_rows: int
-    positions: mx.array  # (R,) int32: the position each row writes this step
-    length: int  # attend over [0, length)
-    ragged: bool
-    row_index: mx.array  # arange(R * kv_heads): the flat (row, head) index of the scatter
-    write_positions: mx.array  # positions repeated per head
-    _mask: mx.array | None = None
+    def __init__(
+        self,
+        num_kv_heads: int,
+        positions: tuple[int, ...],
+        array: mx.array | None,
+        index_cache: dict[int, mx.array],
+    ) -> None:
+        self.num_rows = len(positions)
+        self.num_kv_heads = num_kv_heads
+        self.length = max(positions) + 1  # attend over [0, length)
+        first = positions[0]
+        self.uniform_position = first if all(p == first for p in positions) else None
+        self._host_positions = positions
+        self._positions = array
+        self._index_cache = index_cache
+        self._mask: mx.array | None = None
+        self._write_positions: mx.array | None = None
+
+    @property
+    def positions(self) -> mx.array:
+        if self._positions is None:
+            self._positions = mx.array(self._host_positions, dtype=mx.int32)
+        return self._positions
+
+    @property
+    def offset(self) -> int | mx.array:
+        return self.uniform_position if self.uniform_position is not None else self.positions
 
     @property
     def mask(self) -> mx.array | None:
-        if self._mask is None and self.ragged:
+        if self._mask is None and self.uniform_position is None:
             cols = mx.arange(self.length, dtype=mx.int32)
             self._mask = (cols[None] <= self.positions[:, None])[:, None, None, :]
         return self._mask
+
+    @property
+    def row_index(self) -> mx.array:
+        """arange(R * kv_heads): the flat (row, head) index of the scatter."""
+        n = self.num_rows * self.num_kv_heads
+        if n not in self._index_cache:
+            self._index_cache[n] = mx.arange(n, dtype=mx.int32)
+        return self._index_cache[n]
+
+    @property
+    def write_positions(self) -> mx.array:
+        if self._write_positions is None:
+            self._write_positions = mx.repeat(self.positions, self.num_kv_heads)
+        return self._write_positions
 
 
 class BatchCache:
@@ -272,8 +309,8 @@ class BatchCache:
         self.pool, self.layer, self.ctx = pool, layer, ctx
 
     @property
-    def offset(self) -> mx.array:
-        return self.ctx.positions
+    def offset(self) -> int | mx.array:
+        return self.ctx.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         rh = self.ctx.num_rows * self.pool.shape.num_kv_heads

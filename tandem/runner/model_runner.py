@@ -24,7 +24,6 @@ class Handle:
 
     plan: StepPlan
     tokens: mx.array
-    positions: mx.array
     sampling: SamplingArrays
 
 
@@ -91,15 +90,24 @@ def probe_kv_shape(model: nn.Module) -> tuple[KVShape, int]:
 
 class ModelRunner:
     def __init__(
-        self, model: nn.Module, *, max_rows: int, model_type: str = "", double_buffer: bool = True
+        self,
+        model: nn.Module,
+        *,
+        max_rows: int,
+        model_type: str = "",
+        overlap: bool = True,
+        double_buffer: bool | None = None,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
-        flight reads (needed for in-place writes with overlap; see runner/kv.py)."""
+        flight reads (runner/kv.py). None picks it where it was measured to pay: with overlap
+        on the CPU backend (whole-buffer copies otherwise); on the H200 one set was faster."""
         check_supported(model, model_type)
         self.model = model
         self.stream = mx.new_stream(mx.default_device())
         with mx.stream(self.stream):
             kv_shape, self.vocab_size = probe_kv_shape(model)
+        if double_buffer is None:
+            double_buffer = overlap and mx.default_device() == mx.cpu
         self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer)
 
     def launch(self, plan: StepPlan, parent: Handle | None) -> Handle:
@@ -110,18 +118,16 @@ class ModelRunner:
             if plan.chained:
                 assert parent is not None
                 tokens_in, sampling = parent.tokens, parent.sampling
-                positions = parent.positions + 1
             else:
                 tokens_in = mx.array(plan.input_tokens, dtype=mx.int32)
                 sampling = make_sampling_arrays(plan.sampling, self.vocab_size)
-                positions = mx.array(plan.positions, dtype=mx.int32)
-            length = max(plan.positions) + 1
-            ragged = min(plan.positions) + 1 != length
-            caches = self.kv.batch_caches(plan.num_rows, positions, length, ragged=ragged)
+            # Positions go to the device only when something needs them (ragged rows, noise).
+            positions = None if sampling.all_greedy else mx.array(plan.positions, dtype=mx.int32)
+            caches = self.kv.batch_caches(plan.positions, positions)
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             tokens = sample(logits, sampling, positions)
             mx.async_eval(tokens, *self.kv.arrays())
-        return Handle(plan, tokens, positions, sampling)
+        return Handle(plan, tokens, sampling)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
         """Cache-only forwards (their logits are never evaluated, so never computed).

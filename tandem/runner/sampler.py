@@ -63,11 +63,12 @@ def uniform_noise(seed: mx.array, positions: mx.array, vocab_size: int) -> mx.ar
     return ((bits >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def sample(logits: mx.array, s: SamplingArrays, positions: mx.array) -> mx.array:
-    """logits (R, V) → tokens (R,) uint32."""
+def sample(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> mx.array:
+    """logits (R, V) → tokens (R,) uint32. ``positions`` may be None for an all-greedy batch."""
     greedy_tokens = mx.argmax(logits, axis=-1)
     if s.all_greedy:
         return greedy_tokens
+    assert positions is not None
     x = logits.astype(mx.float32) * s.inv_temperature
     vocab = x.shape[-1]
     if s.any_top_k or s.any_top_p:
