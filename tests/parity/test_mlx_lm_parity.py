@@ -94,11 +94,18 @@ def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int
 def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     results = []
-    for overlap in (True, False):
-        llm = LLM(str(path), overlap=overlap, check_invariants=True, max_num_seqs=32)
+    # (overlap, KV double buffer): the CPU default, the GPU default, no overlap.
+    for overlap, double in ((True, True), (True, False), (False, False)):
+        llm = LLM(
+            str(path),
+            overlap=overlap,
+            kv_double_buffer=double,
+            check_invariants=True,
+            max_num_seqs=32,
+        )
         results.append(run_staggered(llm, path, random.Random(arch)))
         assert (llm.engine.loop.num_chained > 0) == overlap
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
 
 
 @pytest.mark.parametrize("budget", [4, 5])
