@@ -41,6 +41,40 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_config(args: argparse.Namespace):
+    from tandem.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        overlap=not args.no_overlap,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_memory_fraction=args.kv_memory_fraction,
+        check_invariants=args.debug_invariants,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tandem.server.serve import serve
+
+    try:
+        config = _engine_config(args)
+        return serve(
+            config,
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            served_model_name=args.served_model_name,
+            default_max_tokens=args.default_max_tokens,
+            max_pending=args.max_pending,
+        )
+    except (ValueError, RuntimeError) as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return 2
+
+
 def _bench(args: argparse.Namespace) -> int:
     from tandem.bench import offline
 
@@ -64,6 +98,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--no-overlap", action="store_true", help="one step in flight")
     g.set_defaults(func=_generate)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
+    s.add_argument("--served-model-name")
+    s.add_argument("--no-overlap", action="store_true", help="one step in flight")
+    s.add_argument("--dtype", default="auto")
+    s.add_argument("--max-num-seqs", type=int, default=256)
+    s.add_argument("--max-model-len", type=int)
+    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    s.add_argument("--kv-memory-fraction", type=float, default=0.5)
+    s.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=2048,
+        help="chat max_tokens when the request gives none",
+    )
+    s.add_argument(
+        "--max-pending",
+        type=int,
+        default=1024,
+        help="requests in the engine before new ones get 503",
+    )
+    s.add_argument(
+        "--debug-invariants",
+        action="store_true",
+        help="check scheduler invariants after every step",
+    )
+    s.set_defaults(func=_serve)
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     off = bsub.add_parser("offline", help="Tandem vs mlx-lm in one process")

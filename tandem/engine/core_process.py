@@ -1,0 +1,107 @@
+"""The engine core as its own process: owns MLX, never waits on HTTP.
+
+It reads commands from a ZeroMQ PULL socket between steps (without blocking while there is
+work) and pushes each step's token outputs, with scheduler stats, on a PUSH socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from typing import Any
+
+from tandem.protocol import pack, params_from_dict, unpack
+
+log = logging.getLogger("tandem")
+
+
+def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None:
+    """Process entry point (spawned)."""
+    import zmq
+
+    # The HTTP process owns shutdown; a terminal's Ctrl-C must not kill the core mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(message)s")
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(in_addr)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.connect(out_addr)
+    try:
+        from tandem.build import build_engine
+        from tandem.config import EngineConfig
+
+        built = build_engine(EngineConfig(**config_kwargs))
+    except Exception as e:  # report the load failure, then exit non-zero
+        outbox.send(pack(["fatal", f"{type(e).__name__}: {e}"]))
+        outbox.close(linger=2000)
+        os._exit(1)
+    engine = built.engine
+    outbox.send(
+        pack(
+            [
+                "ready",
+                {
+                    "max_model_len": built.max_model_len,
+                    "model_type": built.model_type,
+                    "pid": os.getpid(),
+                },
+            ]
+        )
+    )
+    paused = False
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    while True:
+        busy = engine.has_unfinished() and not paused
+        events = dict(poller.poll(0 if busy else 50))
+        outputs: list[list[Any]] = []
+        while inbox in events:
+            msg = unpack(inbox.recv())
+            kind = msg[0]
+            if kind == "add":
+                _, rid, prompt, params = msg
+                try:
+                    engine.add_request(prompt, params_from_dict(params), rid)
+                except ValueError as e:
+                    outputs.append([rid, [], "error", str(e)])
+            elif kind == "abort":
+                engine.abort(msg[1])
+            elif kind == "pause":
+                paused = True
+                outputs += _encode(engine.loop.drain())
+            elif kind == "resume":
+                paused = False
+            elif kind == "shutdown":
+                outputs += _encode(engine.loop.drain())
+                outbox.send(pack(["outputs", outputs, _stats(engine)]))
+                outbox.close(linger=2000)
+                return
+            events = dict(poller.poll(0))
+        if engine.has_unfinished() and not paused:
+            try:
+                outputs += _encode(engine.step())
+            except Exception:
+                outbox.send(pack(["fatal", traceback.format_exc()]))
+                outbox.close(linger=2000)
+                os._exit(1)
+        if outputs:
+            outbox.send(pack(["outputs", outputs, _stats(engine)]))
+
+
+def _encode(outs) -> list[list[Any]]:
+    return [[o.request_id, list(o.new_token_ids), o.finish_reason, o.error] for o in outs]
+
+
+def _stats(engine) -> dict[str, Any]:
+    sched = engine.scheduler
+    cfg = sched.config
+    rows = cfg.max_num_seqs - sched.rows.num_free
+    return {
+        "running": len(sched.running),
+        "waiting": len(sched.waiting),
+        "kv_rows_used": rows,
+        "kv_usage": rows / cfg.max_num_seqs,
+    }

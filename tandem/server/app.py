@@ -1,0 +1,370 @@
+"""OpenAI-compatible HTTP routes. Chat templates, tokenization, detokenization, stop strings
+and SSE all run here, in the HTTP process; the engine core only sees token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tandem.frontend.engine_client import EngineClient, EngineDeadError
+from tandem.frontend.stop import StopStringMatcher
+from tandem.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
+from tandem.sampling_params import SamplingParams
+from tandem.server.metrics import Metrics
+from tandem.server.requests import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationRequest,
+    RequestError,
+    parse_chat,
+    parse_completion,
+)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+    max_pending: int = 1024  # requests in the engine (running + queued) before 503
+    default_max_tokens: int = 2048  # chat completions without max_tokens
+
+
+def error_response(e: RequestError) -> JSONResponse:
+    body = {
+        "error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code or e.status}
+    }
+    return JSONResponse(body, status_code=e.status)
+
+
+@dataclass
+class Piece:
+    text: str
+    num_tokens: int  # generated so far
+    finish_reason: str | None
+
+
+def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
+    app = FastAPI(title="Tandem", docs_url=None, redoc_url=None)
+    metrics = Metrics()
+    max_model_len = int(client.info.get("max_model_len", 0))
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if settings.api_key is not None and request.url.path != "/health":
+            auth = request.headers.get("authorization", "")
+            token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
+                return error_response(
+                    RequestError("invalid API key", status=401, kind="authentication_error")
+                )
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return error_response(
+                RequestError(f"request body exceeds {settings.max_body_bytes} bytes", status=413)
+            )
+        return await call_next(request)
+
+    async def read_json(request: Request) -> Any:
+        raw = await request.body()
+        if len(raw) > settings.max_body_bytes:
+            raise RequestError(f"request body exceeds {settings.max_body_bytes} bytes", status=413)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"malformed JSON: {e}") from None
+
+    def check_model(req: GenerationRequest) -> None:
+        if req.model is not None and req.model != settings.served_model_name:
+            raise RequestError(
+                f"model '{req.model}' does not exist",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+
+    def check_capacity(n: int) -> None:
+        if not client.healthy:
+            raise RequestError("engine is not available", status=503, kind="server_error")
+        if client.num_active + n > settings.max_pending:
+            raise RequestError("server is overloaded, retry later", status=503, kind="server_error")
+
+    def params_for(req: GenerationRequest, prompt_len: int, default: int) -> SamplingParams:
+        room = max_model_len - prompt_len
+        max_tokens = req.max_tokens if req.max_tokens is not None else min(default, room)
+        if max_tokens < 1 or prompt_len + max_tokens > max_model_len:
+            raise RequestError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the "
+                f"context length ({max_model_len} tokens)",
+                param="max_tokens",
+            )
+        return SamplingParams(max_tokens=max_tokens, **req.sampling)
+
+    async def run_one(
+        prompt_ids: list[int], params: SamplingParams, stops: list[str]
+    ) -> AsyncIterator[Piece]:
+        rid = uuid.uuid4().hex
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        matcher = StopStringMatcher(stops)
+        count = 0
+        start = last = time.monotonic()
+        gen = client.generate(rid, prompt_ids, params)
+        metrics.prompt_tokens.inc(len(prompt_ids))
+        try:
+            async for d in gen:
+                if d.finish_reason == "error":
+                    raise RequestError(
+                        d.error or "request failed", status=500 if client.dead else 400
+                    )
+                now = time.monotonic()
+                (metrics.ttft if count == 0 else metrics.itl).observe(
+                    now - (start if count == 0 else last)
+                )
+                last = now
+                count += len(d.new_token_ids)
+                metrics.generation_tokens.inc(len(d.new_token_ids))
+                ids = d.new_token_ids
+                if d.finish_reason == "stop" and ids:
+                    ids = ids[:-1]  # the stop token is not text
+                text = matcher.feed(detok.add(ids))
+                if matcher.stopped:
+                    yield Piece(text, count, "stop")
+                    return
+                if d.finish_reason is not None:
+                    yield Piece(text + matcher.flush(), count, d.finish_reason)
+                    return
+                if text:
+                    yield Piece(text, count, None)
+        finally:
+            metrics.e2e.observe(time.monotonic() - start)
+            await gen.aclose()
+
+    def usage(prompt: int, completion: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    async def generate(
+        request: Request,
+        endpoint: str,
+        req: GenerationRequest,
+        prompts: list[list[int]],
+        default_max: int,
+        chat: bool,
+    ) -> Response:
+        plist = [params_for(req, len(p), default_max) for p in prompts]
+        check_capacity(len(prompts))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+        base = {"id": rid, "created": created, "model": settings.served_model_name}
+
+        def choice(i: int, text: str | None, reason: str | None, first: bool = False):
+            if not chat:
+                return {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+        if not req.stream:
+
+            async def collect(i: int):
+                parts, n, reason = [], 0, None
+                async for piece in run_one(prompts[i], plist[i], req.stop):
+                    parts.append(piece.text)
+                    n, reason = piece.num_tokens, piece.finish_reason
+                return "".join(parts), n, reason
+
+            tasks = [asyncio.create_task(collect(i)) for i in range(len(prompts))]
+            gathered = asyncio.gather(*tasks)
+            watcher = asyncio.create_task(_watch_disconnect(request))
+            done, _ = await asyncio.wait({watcher, gathered}, return_when=asyncio.FIRST_COMPLETED)
+            watcher.cancel()
+            if gathered not in done:
+                for t in tasks:
+                    t.cancel()  # the client went away: abort its requests in the engine
+                await asyncio.gather(*tasks, return_exceptions=True)
+                metrics.requests.labels(endpoint, "disconnected").inc()
+                return Response(status_code=499)
+            if gathered.exception() is not None:
+                for t in tasks:
+                    t.cancel()
+                metrics.requests.labels(endpoint, "error").inc()
+            results = [t.result() for t in tasks]  # re-raises RequestError
+            choices = []
+            for i, (text, _, reason) in enumerate(results):
+                if chat:
+                    choices.append(
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": None,
+                            "finish_reason": reason,
+                        }
+                    )
+                else:
+                    choices.append(choice(i, text, reason))
+            n_out = sum(r[1] for r in results)
+            metrics.requests.labels(endpoint, "ok").inc()
+            return JSONResponse(
+                {
+                    **base,
+                    "object": obj,
+                    "choices": choices,
+                    "usage": usage(sum(map(len, prompts)), n_out),
+                }
+            )
+
+        async def events() -> AsyncIterator[bytes]:
+            chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+            queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
+            counts = [0] * len(prompts)
+
+            async def pump(i: int) -> None:
+                try:
+                    async for piece in run_one(prompts[i], plist[i], req.stop):
+                        await queue.put((i, piece))
+                except Exception as e:  # reported in-stream
+                    await queue.put((i, e))
+
+            tasks = [asyncio.create_task(pump(i)) for i in range(len(prompts))]
+            try:
+                if chat:
+                    yield _sse(
+                        {
+                            **base,
+                            "object": chunk_obj,
+                            "choices": [
+                                choice(i, "", None, first=True) for i in range(len(prompts))
+                            ],
+                        }
+                    )
+                left = len(prompts)
+                while left:
+                    i, item = await queue.get()
+                    if isinstance(item, Exception):
+                        msg = str(item)
+                        yield _sse({"error": {"message": msg, "type": "server_error"}})
+                        left -= 1
+                        continue
+                    counts[i] = item.num_tokens
+                    if item.text or item.finish_reason:
+                        yield _sse(
+                            {
+                                **base,
+                                "object": chunk_obj,
+                                "choices": [
+                                    choice(
+                                        i,
+                                        item.text if item.text or not chat else None,
+                                        item.finish_reason,
+                                    )
+                                ],
+                            }
+                        )
+                    if item.finish_reason:
+                        left -= 1
+                if req.include_usage:
+                    yield _sse(
+                        {
+                            **base,
+                            "object": chunk_obj,
+                            "choices": [],
+                            "usage": usage(sum(map(len, prompts)), sum(counts)),
+                        }
+                    )
+                yield b"data: [DONE]\n\n"
+                metrics.requests.labels(endpoint, "ok").inc()
+            finally:
+                for t in tasks:
+                    t.cancel()  # a disconnected client aborts its requests
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, e: RequestError):
+        return error_response(e)
+
+    @app.exception_handler(EngineDeadError)
+    async def on_engine_dead(request: Request, e: EngineDeadError):
+        return error_response(RequestError(str(e), status=503, kind="server_error"))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req: CompletionRequest = parse_completion(await read_json(request), tokenizer.vocab_size)
+        check_model(req)
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
+        return await generate(request, "completions", req, prompts, 16, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req: ChatRequest = parse_chat(await read_json(request))
+        check_model(req)
+        try:
+            ids = tokenizer.apply_chat_template(req.messages, **req.template_kwargs)
+        except Exception as e:  # template errors are the request's fault
+            raise RequestError(f"chat template failed: {e}", param="messages") from None
+        return await generate(
+            request, "chat", replace(req), [ids], settings.default_max_tokens, chat=True
+        )
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "tandem",
+                    "max_model_len": max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health():
+        if not client.healthy:
+            return JSONResponse({"status": "unhealthy", "reason": client.dead}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(client.stats), media_type="text/plain; version=0.0.4")
+
+    @app.post("/pause")
+    async def pause():
+        await client.pause()
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume():
+        await client.resume()
+        return {"status": "running"}
+
+    return app
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.1)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

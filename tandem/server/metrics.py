@@ -1,0 +1,41 @@
+"""Prometheus metrics of the HTTP process (one registry per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tandem_requests", "Finished requests", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("tandem_prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter("tandem_generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds", "TTFT", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "tandem_inter_token_latency_seconds",
+            "Time between outputs",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds",
+            "End-to-end latency",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge("tandem_num_requests_running", "Requests owning KV", registry=r)
+        self.waiting = Gauge("tandem_num_requests_waiting", "Queued requests", registry=r)
+        self.kv_usage = Gauge("tandem_kv_cache_usage_ratio", "KV rows in use / rows", registry=r)
+
+    def render(self, stats: dict) -> bytes:
+        self.running.set(stats.get("running", 0))
+        self.waiting.set(stats.get("waiting", 0))
+        self.kv_usage.set(stats.get("kv_usage", 0.0))
+        return generate_latest(self.registry)

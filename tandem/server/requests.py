@@ -1,0 +1,250 @@
+"""Validate OpenAI request bodies into plain dataclasses. Fields Tandem does not implement are
+rejected (400 naming the field) unless they carry their neutral value; nothing is accepted
+and ignored."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+
+
+class RequestError(ValueError):
+    """A client error: becomes an OpenAI error body with ``status``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code, self.kind = param, status, code, kind
+
+
+# Neutral values of fields later issues implement: accepted only as these.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "logit_bias": (None, {}),
+    "suffix": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "response_format": (None, {"type": "text"}),
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "user",
+    "stream",
+    "stream_options",
+}
+COMPLETION_FIELDS = _COMMON | {"prompt"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
+ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass
+class GenerationRequest:
+    model: str | None
+    params: SamplingParams | None  # max_tokens filled in once the prompt length is known
+    max_tokens: int | None
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionRequest(GenerationRequest):
+    prompts: list[str | list[int]] = field(default_factory=list)
+
+
+@dataclass
+class ChatRequest(GenerationRequest):
+    messages: list[dict[str, str]] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key in _NEUTRAL:
+            if value not in _NEUTRAL[key]:
+                raise RequestError(f"'{key}' is not supported yet", param=key)
+            continue
+        raise RequestError(f"unknown field '{key}'", param=key)
+    return body
+
+
+def _number(body: dict[str, Any], key: str, *, integer: bool = False) -> Any:
+    v = body.get(key)
+    if v is None:
+        return None
+    ok = isinstance(v, int) if integer else isinstance(v, int | float)
+    if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
+        raise RequestError(f"'{key}' must be {'an integer' if integer else 'a number'}", param=key)
+    return v
+
+
+def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[str, Any]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    max_tokens = _number(body, max_tokens_key, integer=True)
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError(f"'{max_tokens_key}' must be at least 1", param=max_tokens_key)
+    stop = body.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = stop
+    else:
+        raise RequestError("'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in stops):
+        raise RequestError(
+            f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_LENGTH} characters",
+            param="stop",
+        )
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be a boolean", param="stream")
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+        raise RequestError("'stream_options' supports only include_usage", param="stream_options")
+    sampling: dict[str, Any] = {}
+    for key in ("temperature", "top_p"):
+        if (v := _number(body, key)) is not None:
+            sampling[key] = float(v)
+    for key in ("top_k", "seed"):
+        if (v := _number(body, key, integer=True)) is not None:
+            sampling[key] = v
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise RequestError(
+                "'stop_token_ids' must be a list of integers", param="stop_token_ids"
+            )
+        sampling["stop_token_ids"] = tuple(ids)
+    if (ignore := body.get("ignore_eos")) is not None:
+        if not isinstance(ignore, bool):
+            raise RequestError("'ignore_eos' must be a boolean", param="ignore_eos")
+        sampling["ignore_eos"] = ignore
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestError("'user' must be a string", param="user")
+    try:  # validate the values now; max_tokens is set per prompt later
+        SamplingParams(**sampling)
+    except ValueError as e:
+        name = next((k for k in sampling if k in str(e)), None)
+        raise RequestError(str(e), param=name) from None
+    return {
+        "model": model,
+        "params": None,
+        "max_tokens": max_tokens,
+        "stop": stops,
+        "stream": stream,
+        "include_usage": bool(opts and opts.get("include_usage")),
+        "sampling": sampling,
+    }
+
+
+def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
+    body = _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    prompts: list[str | list[int]]
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) or (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt)
+    ):
+        prompts = list(prompt)
+    else:
+        raise RequestError(
+            "'prompt' must be a non-empty string, list of strings, list of "
+            "token ids or list of token-id lists",
+            param="prompt",
+        )
+    for p in prompts:
+        if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
+            raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
+        if isinstance(p, str) and not p:
+            raise RequestError("'prompt' must not be empty", param="prompt")
+    return CompletionRequest(**_common(body), prompts=prompts)
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    body = _check_fields(body, CHAT_FIELDS)
+    key = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else ("max_tokens")
+    )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise RequestError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role"
+            )
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise RequestError(
+                f"messages[{i}].{sorted(extra)[0]} is not supported", param=f"messages[{i}]"
+            )
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
+                raise RequestError(
+                    f"messages[{i}].content parts must be text", param=f"messages[{i}].content"
+                )
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(
+                f"messages[{i}].content must be a string", param=f"messages[{i}].content"
+            )
+        out.append({"role": m["role"], "content": content})
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    return ChatRequest(**_common(body, key), messages=out, template_kwargs=kwargs)

@@ -1,0 +1,70 @@
+"""``tandem serve``: the HTTP process. Starts the engine-core process, then uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import asdict
+
+from tandem.config import EngineConfig
+from tandem.frontend.engine_client import EngineClient
+from tandem.frontend.tokenizer import Tokenizer
+from tandem.model_source import DEFAULT_GGUF, resolve_model
+from tandem.server.app import ServerSettings, create_app
+
+log = logging.getLogger("tandem")
+
+
+async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSettings) -> int:
+    import uvicorn
+
+    client = EngineClient(asdict(config))
+    await client.start()
+    app = create_app(client, Tokenizer.load(resolve_model(config.model)), settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    )
+    client.on_death = lambda reason: setattr(server, "should_exit", True)
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        print(f"tandem: serving {settings.served_model_name} on http://{host}:{port}", flush=True)
+
+    task = asyncio.create_task(announce())
+    try:
+        await server.serve()
+    finally:
+        task.cancel()
+        await client.shutdown()
+    if client.dead is not None:
+        print(f"tandem: engine died: {client.dead}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def serve(
+    config: EngineConfig,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    served_model_name: str | None,
+    default_max_tokens: int,
+    max_pending: int,
+) -> int:
+    path = resolve_model(config.model)  # fetches the default model here, not in the engine
+    config = EngineConfig(**{**asdict(config), "model": str(path)})
+    name = served_model_name or (
+        DEFAULT_GGUF.removesuffix(".gguf")
+        if config.model is None
+        else path.name.removesuffix(".gguf")
+    )
+    settings = ServerSettings(
+        served_model_name=name,
+        api_key=api_key,
+        default_max_tokens=default_max_tokens,
+        max_pending=max_pending,
+    )
+    return asyncio.run(_serve(config, host, port, settings))
