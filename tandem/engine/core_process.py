@@ -52,11 +52,14 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
         )
     )
     paused = False
+    parent = os.getppid()
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     while True:
         busy = engine.has_unfinished() and not paused
         events = dict(poller.poll(0 if busy else 50))
+        if not busy and os.getppid() != parent:
+            os._exit(0)  # the HTTP process is gone; nobody will read our outputs
         outputs: list[list[Any]] = []
         while inbox in events:
             msg = unpack(inbox.recv())

@@ -49,6 +49,7 @@ def error_response(e: RequestError) -> JSONResponse:
 @dataclass
 class Piece:
     text: str
+    token_ids: list[int]  # new since the previous piece
     num_tokens: int  # generated so far
     finish_reason: str | None
 
@@ -92,11 +93,20 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 code="model_not_found",
             )
 
+    admitted = [0]  # generation tasks alive (admitted requests), across all routes
+
     def check_capacity(n: int) -> None:
         if not client.healthy:
             raise RequestError("engine is not available", status=503, kind="server_error")
-        if client.num_active + n > settings.max_pending:
+        if admitted[0] + n > settings.max_pending:
             raise RequestError("server is overloaded, retry later", status=503, kind="server_error")
+
+    def spawn(coro) -> asyncio.Task:
+        """Run one admitted generation; it counts against max_pending until it ends."""
+        admitted[0] += 1
+        task = asyncio.create_task(coro)
+        task.add_done_callback(lambda _: admitted.__setitem__(0, admitted[0] - 1))
+        return task
 
     def params_for(req: GenerationRequest, prompt_len: int, default: int) -> SamplingParams:
         room = max_model_len - prompt_len
@@ -116,6 +126,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         matcher = StopStringMatcher(stops)
         count = 0
+        pending_ids: list[int] = []
         start = last = time.monotonic()
         gen = client.generate(rid, prompt_ids, params)
         metrics.prompt_tokens.inc(len(prompt_ids))
@@ -133,17 +144,19 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 count += len(d.new_token_ids)
                 metrics.generation_tokens.inc(len(d.new_token_ids))
                 ids = d.new_token_ids
+                pending_ids += ids
                 if d.finish_reason == "stop" and ids:
                     ids = ids[:-1]  # the stop token is not text
                 text = matcher.feed(detok.add(ids))
                 if matcher.stopped:
-                    yield Piece(text, count, "stop")
+                    yield Piece(text, pending_ids, count, "stop")
                     return
                 if d.finish_reason is not None:
-                    yield Piece(text + matcher.flush(), count, d.finish_reason)
+                    yield Piece(text + matcher.flush(), pending_ids, count, d.finish_reason)
                     return
                 if text:
-                    yield Piece(text, count, None)
+                    yield Piece(text, pending_ids, count, None)
+                    pending_ids = []
         finally:
             metrics.e2e.observe(time.monotonic() - start)
             await gen.aclose()
@@ -170,26 +183,39 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         obj = "chat.completion" if chat else "text_completion"
         base = {"id": rid, "created": created, "model": settings.served_model_name}
 
-        def choice(i: int, text: str | None, reason: str | None, first: bool = False):
+        def choice(
+            i: int,
+            text: str | None,
+            reason: str | None,
+            first: bool = False,
+            ids: list[int] | None = None,
+        ) -> dict[str, Any]:
             if not chat:
-                return {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+                c = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+                if req.return_token_ids and ids is not None:
+                    c["token_ids"] = ids
+                return c
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            if req.return_token_ids and ids is not None:
+                c["token_ids"] = ids
+            return c
 
         if not req.stream:
 
             async def collect(i: int):
-                parts, n, reason = [], 0, None
+                parts, ids, n, reason = [], [], 0, None
                 async for piece in run_one(prompts[i], plist[i], req.stop):
                     parts.append(piece.text)
+                    ids += piece.token_ids
                     n, reason = piece.num_tokens, piece.finish_reason
-                return "".join(parts), n, reason
+                return "".join(parts), n, reason, ids
 
-            tasks = [asyncio.create_task(collect(i)) for i in range(len(prompts))]
+            tasks = [spawn(collect(i)) for i in range(len(prompts))]
             gathered = asyncio.gather(*tasks)
             watcher = asyncio.create_task(_watch_disconnect(request))
             done, _ = await asyncio.wait({watcher, gathered}, return_when=asyncio.FIRST_COMPLETED)
@@ -204,20 +230,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 for t in tasks:
                     t.cancel()
                 metrics.requests.labels(endpoint, "error").inc()
-            results = [t.result() for t in tasks]  # re-raises RequestError
+            results = gathered.result()  # re-raises the first RequestError
             choices = []
-            for i, (text, _, reason) in enumerate(results):
+            for i, (text, _, reason, ids) in enumerate(results):
                 if chat:
-                    choices.append(
-                        {
-                            "index": i,
-                            "message": {"role": "assistant", "content": text},
-                            "logprobs": None,
-                            "finish_reason": reason,
-                        }
-                    )
+                    c = {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": reason,
+                    }
+                    if req.return_token_ids:
+                        c["token_ids"] = ids
+                    choices.append(c)
                 else:
-                    choices.append(choice(i, text, reason))
+                    choices.append(choice(i, text, reason, ids=ids))
             n_out = sum(r[1] for r in results)
             metrics.requests.labels(endpoint, "ok").inc()
             return JSONResponse(
@@ -229,19 +256,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 }
             )
 
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
+        counts = [0] * len(prompts)
+
+        async def pump(i: int) -> None:
+            try:
+                async for piece in run_one(prompts[i], plist[i], req.stop):
+                    await queue.put((i, piece))
+            except Exception as e:  # reported in-stream
+                await queue.put((i, e))
+
+        # Started now, so admission accounting holds even if the body is never iterated.
+        tasks = [spawn(pump(i)) for i in range(len(prompts))]
+
         async def events() -> AsyncIterator[bytes]:
-            chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-            queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
-            counts = [0] * len(prompts)
-
-            async def pump(i: int) -> None:
-                try:
-                    async for piece in run_one(prompts[i], plist[i], req.stop):
-                        await queue.put((i, piece))
-                except Exception as e:  # reported in-stream
-                    await queue.put((i, e))
-
-            tasks = [asyncio.create_task(pump(i)) for i in range(len(prompts))]
             try:
                 if chat:
                     yield _sse(
@@ -272,6 +301,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                         i,
                                         item.text if item.text or not chat else None,
                                         item.finish_reason,
+                                        ids=item.token_ids,
                                     )
                                 ],
                             }

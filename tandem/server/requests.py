@@ -62,6 +62,7 @@ _COMMON = {
     "user",
     "stream",
     "stream_options",
+    "return_token_ids",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
@@ -77,6 +78,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
+    return_token_ids: bool = False  # extension (as in vLLM): token ids in each choice
 
 
 @dataclass
@@ -161,6 +163,9 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         if not isinstance(ignore, bool):
             raise RequestError("'ignore_eos' must be a boolean", param="ignore_eos")
         sampling["ignore_eos"] = ignore
+    return_ids = body.get("return_token_ids") or False
+    if not isinstance(return_ids, bool):
+        raise RequestError("'return_token_ids' must be a boolean", param="return_token_ids")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", param="user")
@@ -177,6 +182,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         "stream": stream,
         "include_usage": bool(opts and opts.get("include_usage")),
         "sampling": sampling,
+        "return_token_ids": return_ids,
     }
 
 
@@ -190,10 +196,17 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt) or (
+    elif (
         isinstance(prompt, list)
         and prompt
-        and all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt)
+        and all(isinstance(p, str) for p in prompt)
+        or (
+            isinstance(prompt, list)
+            and prompt
+            and all(
+                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt
+            )
+        )
     ):
         prompts = list(prompt)
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from dataclasses import asdict
 
@@ -32,6 +33,10 @@ async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSet
             await asyncio.sleep(0.05)
         print(f"tandem: serving {settings.served_model_name} on http://{host}:{port}", flush=True)
 
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found
+    # installed; make those no-ops so a drained server exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     task = asyncio.create_task(announce())
     try:
         await server.serve()

@@ -1,0 +1,88 @@
+"""Run `tandem serve` as a subprocess for tests and benchmarks (loopback only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Path, *extra: str, api_key: str | None = API_KEY) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "tandem.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            "tiny",
+            "--debug-invariants",
+            *extra,
+        ]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.log: list[str] = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + "".join(self.log))
+            self.log.append(line)
+            if "tandem: serving" in line:
+                return
+        raise RuntimeError("server did not start:\n" + "".join(self.log))
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {API_KEY}"}
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(self.url + path, headers=self.headers(), timeout=30, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        kw.setdefault("headers", self.headers())
+        return httpx.post(self.url + path, timeout=60, **kw)
+
+    def engine_pid(self) -> int:
+        """The engine-core child (not multiprocessing's resource tracker)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        for pid in children.split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"multiprocessing.spawn" in cmdline:
+                return int(pid)
+        raise RuntimeError("no engine process found")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.returncode

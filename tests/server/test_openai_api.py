@@ -1,0 +1,328 @@
+"""A live `tandem serve` driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tandem import LLM, SamplingParams
+from tandem.testing.live_server import API_KEY, Server
+
+_offline: dict = {}
+
+
+def offline(path, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    if "llm" not in _offline:
+        _offline["llm"] = LLM(str(path))
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return _offline["llm"].generate([prompt_ids], sp)[0].token_ids
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY)
+
+
+def test_models_and_health(server):
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_completion_matches_offline_engine_and_counts_usage(server, served_model):
+    prompt = [5, 6, 7, 8, 9]
+    r = client(server).completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    choice = r.choices[0]
+    assert choice.model_extra["token_ids"] == offline(served_model, prompt, 12)
+    assert choice.finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (5, 12, 17)
+
+
+def test_streamed_chat_equals_non_streamed_chat(server):
+    c = client(server)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    full = c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=16, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_completions_accept_a_list_of_prompts(server):
+    r = client(server).completions.create(
+        model="tiny", prompt=["one", "two two"], max_tokens=4, temperature=0
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert r.usage.completion_tokens <= 8
+
+
+def test_stop_string_split_across_tokens_is_removed(server, served_model):
+    prompt = [100, 7, 9]
+    c = client(server)
+    base = c.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    ids = base.choices[0].model_extra["token_ids"]
+    tok = LLM(str(served_model)).tokenizer if "llm" not in _offline else _offline["llm"].tokenizer
+    pieces = [tok.decode([t]) for t in ids]
+    # The last character of one clean token and the first of the next: a stop string that
+    # can only be seen across a token boundary.
+    k = next(
+        k
+        for k in range(len(ids) - 1)
+        if pieces[k]
+        and pieces[k + 1]
+        and "\ufffd" not in pieces[k] + pieces[k + 1]
+        and pieces[k] != pieces[k + 1]
+    )
+    stop = pieces[k][-1] + pieces[k + 1][0]
+    want = base.choices[0].text[: base.choices[0].text.index(stop)]
+    for stream in (False, True):
+        r = c.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=24,
+            temperature=0,
+            stop=[stop],
+            stream=stream,
+            extra_body={"ignore_eos": True},
+        )
+        if stream:
+            chunks = list(r)
+            text = "".join(ch.choices[0].text for ch in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            text, reason = r.choices[0].text, r.choices[0].finish_reason
+        assert (text, reason) == (want, "stop")
+
+
+def test_64_concurrent_streams_are_token_exact(server, served_model):
+    prompts = [[3 + (i * 7 + j) % 300 for j in range(1 + i % 23)] for i in range(64)]
+
+    async def one(ac: openai.AsyncOpenAI, p: list[int], n: int) -> list[int]:
+        ids: list[int] = []
+        stream = await ac.completions.create(
+            model="tiny",
+            prompt=p,
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
+        async for ch in stream:
+            ids += ch.choices[0].model_extra.get("token_ids", [])
+        return ids
+
+    async def main():
+        ac = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120
+        )
+        return await asyncio.gather(*(one(ac, p, 4 + i % 13) for i, p in enumerate(prompts)))
+
+    got = asyncio.run(main())
+    for i, (p, ids) in enumerate(zip(prompts, got, strict=True)):
+        assert ids == offline(served_model, p, 4 + i % 13), i
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+        ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
+        ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
+        ({"prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
+    ],
+)
+def test_bad_completion_requests_get_openai_errors(server, body, status, param):
+    r = server.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_context_overflow_names_both_numbers(server):
+    r = server.post("/v1/completions", json={"prompt": [5] * 100, "max_tokens": 4000})
+    assert r.status_code == 400
+    assert "100" in r.json()["error"]["message"] and "4000" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
+    ],
+)
+def test_bad_chat_requests_get_400(server, body, param):
+    r = server.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_malformed_json_oversized_body_and_auth(server):
+    r = server.post(
+        "/v1/completions",
+        content=b"{not json",
+        headers={**server.headers(), "content-type": "application/json"},
+    )
+    assert r.status_code == 400
+    r = server.post("/v1/completions", content=b"x" * (5 << 20), headers=server.headers())
+    assert r.status_code == 413
+    r = httpx.post(
+        server.url + "/v1/completions",
+        json={"prompt": "x"},
+        headers={"Authorization": "Bearer wrong"},
+    )
+    assert r.status_code == 401
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="nope").models.list()
+
+
+def metric(server, name: str) -> float:
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def test_disconnect_aborts_and_frees_kv(server):
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        headers=server.headers(),
+        json={"prompt": "a", "max_tokens": 3000, "stream": True, "ignore_eos": True},
+        timeout=30,
+    ) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 4:
+                break
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(server, "tandem_num_requests_running") > 0:
+        time.sleep(0.1)
+    assert metric(server, "tandem_num_requests_running") == 0
+    assert metric(server, "tandem_kv_cache_usage_ratio") == 0
+
+
+def test_metrics_count_tokens(server):
+    text = server.get("/metrics").text
+    assert "tandem_generation_tokens_total" in text
+    assert "tandem_time_to_first_token_seconds_bucket" in text
+    assert metric(server, "tandem_prompt_tokens_total") > 0
+
+
+def test_pause_holds_requests_and_resume_finishes_them(server):
+    assert server.post("/pause").status_code == 200
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=60)
+
+    async def later():
+        await asyncio.sleep(1.0)
+        server.post("/resume")
+
+    async def main():
+        task = asyncio.create_task(later())
+        t0 = time.time()
+        r = await asyncio.to_thread(
+            c.completions.create,
+            model="tiny",
+            prompt="hi",
+            max_tokens=3,
+            extra_body={"ignore_eos": True},
+        )
+        await task
+        return r, time.time() - t0
+
+    r, elapsed = asyncio.run(main())
+    assert r.usage.completion_tokens == 3 and elapsed >= 0.9
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_zero(served_model):
+    s = Server(served_model, api_key=None)
+    with httpx.stream(
+        "POST",
+        s.url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 200, "stream": True, "ignore_eos": True},
+        timeout=60,
+    ) as r:
+        lines = r.iter_lines()
+        next(lines)
+        s.proc.send_signal(15)
+        rest = [ln for ln in lines if ln.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert s.proc.wait(60) == 0
+
+
+def test_engine_death_fails_requests_and_exits_nonzero(served_model):
+    import os
+    import signal
+
+    s = Server(served_model, api_key=None)
+    with httpx.stream(
+        "POST",
+        s.url + "/v1/completions",
+        json={"prompt": "x", "max_tokens": 3000, "stream": True, "ignore_eos": True},
+        timeout=60,
+    ) as r:
+        lines = r.iter_lines()
+        next(lines)
+        os.kill(s.engine_pid(), signal.SIGKILL)
+        rest = list(lines)
+    assert any("error" in ln for ln in rest)
+    assert s.proc.wait(60) != 0
+
+
+def test_overload_gives_503(served_model):
+    s = Server(served_model, "--max-pending", "2", api_key=None)
+    try:
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as ac:
+                body = {"prompt": "x", "max_tokens": 200, "ignore_eos": True}
+                rs = await asyncio.gather(
+                    *(ac.post(s.url + "/v1/completions", json=body) for _ in range(6))
+                )
+                return [r.status_code for r in rs]
+
+        codes = asyncio.run(main())
+        assert codes.count(200) >= 2 and 503 in codes
+    finally:
+        assert s.stop() == 0
