@@ -28,6 +28,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
     outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)  # never block the engine on a slow HTTP process
     outbox.connect(out_addr)
     try:
         from tandem.build import build_engine
