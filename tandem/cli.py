@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import asdict
 
 # transformers warns at import that PyTorch is missing; Tandem never needs it.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -23,7 +24,7 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             ignore_eos=args.ignore_eos,
         )
-        llm = LLM(args.model, overlap=not args.no_overlap, max_num_seqs=8)
+        llm = LLM(**asdict(_engine_config(args)))
         prompt = (
             llm.chat_prompt([{"role": "user", "content": args.prompt}])
             if args.chat
@@ -82,12 +83,26 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> None:
+    p.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--no-overlap", action="store_true", help="one step in flight")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-memory-fraction", type=float, default=0.5)
+    p.add_argument(
+        "--debug-invariants",
+        action="store_true",
+        help="check scheduler invariants after every step",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log engine details")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="complete one prompt and print the text")
-    g.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--max-tokens", type=int, default=128)
@@ -96,20 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int)
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--no-overlap", action="store_true", help="one step in flight")
+    _add_engine_arguments(g, max_num_seqs=8)
     g.set_defaults(func=_generate)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    s.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     s.add_argument("--served-model-name")
-    s.add_argument("--no-overlap", action="store_true", help="one step in flight")
-    s.add_argument("--dtype", default="auto")
-    s.add_argument("--max-num-seqs", type=int, default=256)
-    s.add_argument("--max-model-len", type=int)
-    s.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    s.add_argument("--kv-memory-fraction", type=float, default=0.5)
     s.add_argument(
         "--default-max-tokens",
         type=int,
@@ -122,11 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1024,
         help="requests in the engine before new ones get 503",
     )
-    s.add_argument(
-        "--debug-invariants",
-        action="store_true",
-        help="check scheduler invariants after every step",
-    )
+    _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)

@@ -192,6 +192,17 @@ class KVPool:
         return [BatchCache(self, i, ctx) for i in range(self.shape.num_layers)]
 
 
+def causal_mask(offset: int, n: int, return_array: bool, window_size: int | None):
+    """mlx-lm's mask for n new tokens after ``offset`` cached ones (as its KVCache gives)."""
+    if window_size is not None:
+        raise ValueError("sliding-window attention is not supported")
+    if n == 1:
+        return None
+    if return_array:
+        return mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
+    return "causal"
+
+
 class RowCache:
     """One row, one layer: a prefill chunk written at ``start`` (mlx-lm KVCache semantics)."""
 
@@ -205,14 +216,7 @@ class RowCache:
         return self.pool.write_chunk(self.layer, self.row, start, keys[0], values[0])
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        if window_size is not None:
-            raise ValueError("sliding-window attention is not supported")
-        if n == 1:
-            return None
-        if return_array:
-            q = mx.arange(self.offset, self.offset + n)[:, None]
-            return q >= mx.arange(self.offset + n)[None]
-        return "causal"
+        return causal_mask(self.offset, n, return_array, window_size)
 
     @property
     def state(self) -> tuple[mx.array, mx.array]:
@@ -235,13 +239,7 @@ class FirstChunkCache:
         return keys, values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        if window_size is not None:
-            raise ValueError("sliding-window attention is not supported")
-        if n == 1:
-            return None
-        if return_array:
-            return mx.arange(n)[:, None] >= mx.arange(n)[None]
-        return "causal"
+        return causal_mask(self.offset, n, return_array, window_size)
 
     @property
     def state(self) -> tuple[mx.array, mx.array]:

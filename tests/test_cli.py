@@ -1,0 +1,48 @@
+"""The `tandem` command and model resolution errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tandem.model_source import ModelSourceError, resolve_model
+
+
+def tandem(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_generate_prints_the_offline_engines_completion(tiny_model_dir):
+    from tandem import LLM, SamplingParams
+
+    path = tiny_model_dir("qwen2")
+    r = tandem(
+        "generate", "--model", str(path), "--prompt", "Hello", "--max-tokens", "6", "--ignore-eos"
+    )
+    assert r.returncode == 0, r.stderr
+    want = (
+        LLM(str(path))
+        .generate("Hello", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+        .text
+    )
+    assert r.stdout == want + "\n"
+
+
+def test_generate_with_a_wrong_path_names_it_and_fails(tmp_path):
+    r = tandem("generate", "--model", str(tmp_path / "nope"), "--prompt", "x")
+    assert r.returncode == 2 and "nope" in r.stderr and "does not exist" in r.stderr
+
+
+def test_model_source_errors_name_the_path(tmp_path):
+    with pytest.raises(ModelSourceError, match="does not exist"):
+        resolve_model(tmp_path / "missing")
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        resolve_model(tmp_path)
+    bad = tmp_path / "weights.bin"
+    bad.write_bytes(b"x")
+    with pytest.raises(ModelSourceError, match="weights.bin"):
+        resolve_model(bad)
