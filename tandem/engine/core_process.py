@@ -101,11 +101,8 @@ def _encode(outs) -> list[list[Any]]:
 
 def _stats(engine) -> dict[str, Any]:
     sched = engine.scheduler
-    cfg = sched.config
-    rows = cfg.max_num_seqs - sched.rows.num_free
     return {
         "running": len(sched.running),
         "waiting": len(sched.waiting),
-        "kv_rows_used": rows,
-        "kv_usage": rows / cfg.max_num_seqs,
+        "kv_usage": sched.kv_usage(),
     }

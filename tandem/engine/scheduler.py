@@ -84,6 +84,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
 
+    def kv_usage(self) -> float:
+        """Share of the KV budget the live requests can reach (rows x longest reservation)."""
+        if not self.running:
+            return 0.0
+        cap = round_up(max(r.max_len for r in self.running.values()), self.config.capacity_chunk)
+        return min(1.0, self.rows.high_water * cap / self.config.kv_budget_tokens)
+
     def take_pending_outputs(self) -> list[EngineOutput]:
         out, self._pending = self._pending, []
         return out

@@ -32,7 +32,11 @@ class Metrics:
         )
         self.running = Gauge("tandem_num_requests_running", "Requests owning KV", registry=r)
         self.waiting = Gauge("tandem_num_requests_waiting", "Queued requests", registry=r)
-        self.kv_usage = Gauge("tandem_kv_cache_usage_ratio", "KV rows in use / rows", registry=r)
+        self.kv_usage = Gauge(
+            "tandem_kv_cache_usage_ratio",
+            "Share of the KV budget held by live requests (rows x longest reservation)",
+            registry=r,
+        )
 
     def render(self, stats: dict) -> bytes:
         self.running.set(stats.get("running", 0))

@@ -242,6 +242,20 @@ def test_disconnect_aborts_and_frees_kv(server):
     assert metric(server, "tandem_kv_cache_usage_ratio") == 0
 
 
+def test_non_streaming_disconnect_aborts_too(server):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.url + "/v1/completions",
+            headers=server.headers(),
+            timeout=1.0,
+            json={"prompt": "a", "max_tokens": 3000, "ignore_eos": True},
+        )
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(server, "tandem_num_requests_running") > 0:
+        time.sleep(0.1)
+    assert metric(server, "tandem_num_requests_running") == 0
+
+
 def test_metrics_count_tokens(server):
     text = server.get("/metrics").text
     assert "tandem_generation_tokens_total" in text
