@@ -88,10 +88,6 @@ class EngineClient:
     def healthy(self) -> bool:
         return self.dead is None and self._proc is not None and self._proc.is_alive()
 
-    @property
-    def num_active(self) -> int:
-        return len(self._streams)
-
     async def generate(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[Delta]:

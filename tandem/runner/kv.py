@@ -76,10 +76,6 @@ class KVPool:
     def bytes_per_token(self) -> int:
         return self.num_sets * self.shape.bytes_per_token
 
-    @property
-    def nbytes(self) -> int:
-        return self.num_rows * self.capacity * self.bytes_per_token
-
     def begin_step(self, num_rows: int, capacity: int) -> None:
         """Switch to the other buffer set, grow if needed, and replay its lag."""
         self.current = (self.current + 1) % self.num_sets

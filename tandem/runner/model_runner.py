@@ -155,6 +155,3 @@ class ModelRunner:
 
     def finalize(self, handle: Handle) -> StepResult:
         return StepResult(handle.plan.step_id, tuple(handle.tokens.tolist()))
-
-    def kv_bytes(self) -> int:
-        return self.kv.nbytes

@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -349,9 +349,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             ids = tokenizer.apply_chat_template(req.messages, **req.template_kwargs)
         except Exception as e:  # template errors are the request's fault
             raise RequestError(f"chat template failed: {e}", param="messages") from None
-        return await generate(
-            request, "chat", replace(req), [ids], settings.default_max_tokens, chat=True
-        )
+        return await generate(request, "chat", req, [ids], settings.default_max_tokens, chat=True)
 
     @app.get("/v1/models")
     async def models():
