@@ -98,6 +98,13 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     )
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    from tandem.bench import serve_client
+
+    result = serve_client.main(args)
+    return 0 if result["completed"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log engine details")
@@ -139,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(off)
     off.set_defaults(func=_bench)
+    srv = bsub.add_parser("serve", help="drive an OpenAI-compatible server, report metrics")
+    from tandem.bench.serve_client import add_arguments as add_serve_arguments
+
+    add_serve_arguments(srv)
+    srv.set_defaults(func=_bench_serve)
     return p
 
 
