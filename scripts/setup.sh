@@ -19,5 +19,5 @@ else
 fi
 BACKEND=${TANDEM_BACKEND:-$BACKEND}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${BACKEND},test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${BACKEND},test,bench]"
 echo "setup: ready (.venv, MLX backend: ${BACKEND})"

@@ -105,6 +105,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
+def _bench_compare(args: argparse.Namespace) -> int:
+    from tandem.bench import compare
+
+    return compare.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log engine details")
@@ -151,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(srv)
     srv.set_defaults(func=_bench_serve)
+    cmp = bsub.add_parser("compare", help="Tandem vs mlx_lm.server, same sweep, same client")
+    from tandem.bench.compare import add_arguments as add_compare_arguments
+
+    add_compare_arguments(cmp)
+    cmp.set_defaults(func=_bench_compare)
     return p
 
 
