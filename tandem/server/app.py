@@ -110,6 +110,12 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
     def params_for(req: GenerationRequest, prompt_len: int, default: int) -> SamplingParams:
         room = max_model_len - prompt_len
+        if room < 1:
+            raise RequestError(
+                f"prompt ({prompt_len} tokens) leaves no room in the context length "
+                f"({max_model_len} tokens)",
+                param="prompt" if req.max_tokens is None else "max_tokens",
+            )
         max_tokens = req.max_tokens if req.max_tokens is not None else min(default, room)
         if max_tokens < 1 or prompt_len + max_tokens > max_model_len:
             raise RequestError(
