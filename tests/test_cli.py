@@ -46,3 +46,15 @@ def test_model_source_errors_name_the_path(tmp_path):
     bad.write_bytes(b"x")
     with pytest.raises(ModelSourceError, match="weights.bin"):
         resolve_model(bad)
+
+
+def test_served_model_name_defaults():
+    from pathlib import Path
+
+    from tandem.server.serve import default_served_name
+
+    assert default_served_name(None, Path("/c/SmolLM2-135M-Instruct.Q4_1.gguf")) == (
+        "SmolLM2-135M-Instruct"
+    )
+    assert default_served_name("/m/qwen.gguf", Path("/m/qwen.gguf")) == "qwen"
+    assert default_served_name("/m/dir", Path("/m/dir")) == "dir"

@@ -7,11 +7,12 @@ import logging
 import signal
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from tandem.config import EngineConfig
 from tandem.frontend.engine_client import EngineClient
 from tandem.frontend.tokenizer import Tokenizer
-from tandem.model_source import DEFAULT_GGUF, resolve_model
+from tandem.model_source import DEFAULT_MODEL_NAME, resolve_model
 from tandem.server.app import ServerSettings, create_app
 
 log = logging.getLogger("tandem")
@@ -49,6 +50,11 @@ async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSet
     return 0
 
 
+def default_served_name(model: str | None, path: Path) -> str:
+    """What /v1/models lists when --served-model-name is not given."""
+    return DEFAULT_MODEL_NAME if model is None else path.name.removesuffix(".gguf")
+
+
 def serve(
     config: EngineConfig,
     *,
@@ -60,12 +66,8 @@ def serve(
     max_pending: int,
 ) -> int:
     path = resolve_model(config.model)  # fetches the default model here, not in the engine
+    name = served_model_name or default_served_name(config.model, path)
     config = EngineConfig(**{**asdict(config), "model": str(path)})
-    name = served_model_name or (
-        DEFAULT_GGUF.removesuffix(".gguf")
-        if config.model is None
-        else path.name.removesuffix(".gguf")
-    )
     settings = ServerSettings(
         served_model_name=name,
         api_key=api_key,
