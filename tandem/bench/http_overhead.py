@@ -76,7 +76,7 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or str(make_model(a.shape, "float32", Path(tmp)))
-        server = Server(Path(model), api_key=None)
+        server = Server(Path(model), api_key=None, debug_invariants=False)
         try:
             for c in [int(x) for x in a.concurrency.split(",")]:
                 prompts = [[10 + (i * 13 + j) % 300 for j in range(16 + i)] for i in range(c)]

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,14 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model: Path, *extra: str, api_key: str | None = API_KEY) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *extra: str,
+        api_key: str | None = API_KEY,
+        debug_invariants: bool = True,
+        name: str = "tiny",
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -35,8 +43,8 @@ class Server:
             "--port",
             str(self.port),
             "--served-model-name",
-            "tiny",
-            "--debug-invariants",
+            name,
+            *(["--debug-invariants"] if debug_invariants else []),
             *extra,
         ]
         if api_key:
@@ -56,8 +64,14 @@ class Server:
                 raise RuntimeError("server exited:\n" + "".join(self.log))
             self.log.append(line)
             if "tandem: serving" in line:
+                # Keep draining its output so a chatty server never blocks on a full pipe.
+                threading.Thread(target=self._drain, daemon=True).start()
                 return
         raise RuntimeError("server did not start:\n" + "".join(self.log))
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.log.append(line)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {API_KEY}"}
