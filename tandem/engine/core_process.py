@@ -14,8 +14,6 @@ from typing import Any
 
 from tandem.protocol import pack, params_from_dict, unpack
 
-log = logging.getLogger("tandem")
-
 
 def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None:
     """Process entry point (spawned)."""

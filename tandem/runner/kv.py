@@ -80,14 +80,10 @@ class KVPool:
         """Switch to the other buffer set, grow if needed, and replay its lag."""
         self.current = (self.current + 1) % self.num_sets
         self._ensure(num_rows, capacity)
-        keys, values = self.sets[self.current]
         for layer, writes in enumerate(self._lag[self.current]):
+            k_buf, v_buf = self.layer_buffers(layer)
             for w in writes:
-                if w.index is None:
-                    self._write_slab(keys[layer], values[layer], w.flat_row0, w.start, w)
-                else:
-                    keys[layer][w.index, w.positions] = w.keys
-                    values[layer][w.index, w.positions] = w.values
+                self._apply(k_buf, v_buf, w)
             writes.clear()
 
     def arrays(self) -> list[mx.array]:
@@ -118,16 +114,19 @@ class KVPool:
                 self._lag[s][layer].append(write)
 
     @staticmethod
-    def _write_slab(k_buf: mx.array, v_buf: mx.array, r0: int, start: int, w: _Write) -> None:
-        f, n = w.keys.shape[0], w.keys.shape[1]
-        k_buf[r0 : r0 + f, start : start + n, :] = w.keys
-        v_buf[r0 : r0 + f, start : start + n, :] = w.values
+    def _apply(k_buf: mx.array, v_buf: mx.array, w: _Write) -> None:
+        """An in-place slice write (the cheapest write MLX has) or a scatter."""
+        if w.index is None:
+            f, n = w.keys.shape[0], w.keys.shape[1]
+            k_buf[w.flat_row0 : w.flat_row0 + f, w.start : w.start + n, :] = w.keys
+            v_buf[w.flat_row0 : w.flat_row0 + f, w.start : w.start + n, :] = w.values
+        else:
+            k_buf[w.index, w.positions] = w.keys
+            v_buf[w.index, w.positions] = w.values
 
-    def _slab(self, layer: int, r0: int, start: int, keys: mx.array, values: mx.array) -> None:
-        """In-place slice write (the cheapest write MLX has) into the current set."""
-        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
-        w = _Write(keys, values, flat_row0=r0, start=start)
-        self._write_slab(k_buf, v_buf, r0, start, w)
+    def _write(self, layer: int, w: _Write) -> None:
+        """Write into the current set; the other set replays it next step."""
+        self._apply(*self.layer_buffers(layer), w)
         self._record(layer, w)
 
     def write_chunk(
@@ -136,7 +135,7 @@ class KVPool:
         """Write (H, n, D) at ``start`` of ``row``; returns the row's (1, H, start+n, D) views."""
         h, n = self.shape.num_kv_heads, keys.shape[1]
         r0 = row * h
-        self._slab(layer, r0, start, keys, values)
+        self._write(layer, _Write(keys, values, flat_row0=r0, start=start))
         k_buf, v_buf = self.layer_buffers(layer)
         return k_buf[None, r0 : r0 + h, : start + n, :], v_buf[None, r0 : r0 + h, : start + n, :]
 
@@ -146,7 +145,10 @@ class KVPool:
         """Write one (R*H, D) position per row; returns (R, H, length, D) views. When every
         row is at the same position this is one slice write, else one scatter."""
         if ctx.uniform_position is not None:
-            self._slab(layer, 0, ctx.uniform_position, keys[:, None, :], values[:, None, :])
+            self._write(
+                layer,
+                _Write(keys[:, None, :], values[:, None, :], start=ctx.uniform_position),
+            )
         else:
             self.write_scatter(layer, ctx.row_index, ctx.write_positions, keys, values)
         k_buf, v_buf = self.layer_buffers(layer)
@@ -159,10 +161,7 @@ class KVPool:
         self, layer: int, index: mx.array, positions: mx.array, keys: mx.array, values: mx.array
     ) -> None:
         """Write (N, D) entries at flat (row*heads+head, position) pairs."""
-        k_buf, v_buf = (store[layer] for store in self.sets[self.current])
-        k_buf[index, positions] = keys
-        v_buf[index, positions] = values
-        self._record(layer, _Write(keys, values, index=index, positions=positions))
+        self._write(layer, _Write(keys, values, index=index, positions=positions))
 
     def layer_buffers(self, layer: int) -> tuple[mx.array, mx.array]:
         keys, values = self.sets[self.current]

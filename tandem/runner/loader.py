@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-
-log = logging.getLogger("tandem")
 
 
 def load_model(path: Path) -> tuple[nn.Module, dict[str, Any]]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -13,8 +12,6 @@ import mlx.nn as nn
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import KVPool, KVShape
 from tandem.runner.sampler import SamplingArrays, make_sampling_arrays, sample
-
-log = logging.getLogger("tandem")
 
 
 @dataclass

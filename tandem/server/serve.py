@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from dataclasses import asdict
@@ -14,8 +13,6 @@ from tandem.frontend.engine_client import EngineClient
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.model_source import DEFAULT_MODEL_NAME, resolve_model
 from tandem.server.app import ServerSettings, create_app
-
-log = logging.getLogger("tandem")
 
 
 async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSettings) -> int:
