@@ -86,10 +86,12 @@ class Scheduler:
 
     def kv_usage(self) -> float:
         """Share of the KV budget the live requests can reach (rows x longest reservation)."""
-        if not self.running:
-            return 0.0
-        cap = round_up(max(r.max_len for r in self.running.values()), self.config.capacity_chunk)
-        return min(1.0, self.rows.high_water * cap / self.config.kv_budget_tokens)
+        return min(1.0, self._reach(self.rows.high_water) / self.config.kv_budget_tokens)
+
+    def _reach(self, num_rows: int, extra: Request | None = None) -> int:
+        """KV tokens the row layout can grow to: rows x longest reservation, rounded up."""
+        lens = [r.max_len for r in self.running.values()] + ([extra.max_len] if extra else [])
+        return num_rows * round_up(max(lens, default=0), self.config.capacity_chunk)
 
     def take_pending_outputs(self) -> list[EngineOutput]:
         out, self._pending = self._pending, []
@@ -196,9 +198,7 @@ class Scheduler:
             req = self.waiting[0]
             row = self.rows.peek()
             assert row is not None
-            num_rows = max(self.rows.high_water, row + 1)
-            cap = max([r.max_len for r in self.running.values()] + [req.max_len])
-            if num_rows * round_up(cap, cfg.capacity_chunk) > cfg.kv_budget_tokens:
+            if self._reach(max(self.rows.high_water, row + 1), req) > cfg.kv_budget_tokens:
                 break
             self.waiting.popleft()
             req.row = self.rows.allocate(req.request_id)
