@@ -25,6 +25,7 @@ class BuiltEngine:
 
 
 def build_engine(config: EngineConfig) -> BuiltEngine:
+    from tandem.runner.kv import ROW_STEP
     from tandem.runner.loader import available_memory_bytes, load_model, prepare_for_device
     from tandem.runner.model_runner import ModelRunner
 
@@ -38,12 +39,16 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         model_type,
         prepare_for_device(model, config.dtype),
     )
+    rows = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs, prefix_cache=config.prefix_cache
+    ).total_rows
     runner = ModelRunner(
         model,
-        max_rows=config.max_num_seqs,
+        max_rows=rows,
         model_type=model_type,
         overlap=config.overlap,
         double_buffer=config.kv_double_buffer,
+        row_step=ROW_STEP,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
@@ -51,7 +56,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     budget = config.kv_budget_tokens or int(
         available_memory_bytes() * config.kv_memory_fraction // per_token
     )
-    budget = min(budget, config.max_num_seqs * max_model_len)
+    budget = min(budget, rows * max_model_len)
     log.info(
         "KV budget %d tokens (%.1f MiB, %d B/token); max_model_len %d",
         budget,
@@ -64,6 +69,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         max_model_len=max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
         kv_budget_tokens=budget,
+        row_chunk=ROW_STEP,
+        prefix_cache=config.prefix_cache,
     )
     engine = Engine(
         runner,

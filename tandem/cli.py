@@ -54,6 +54,7 @@ def _engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_memory_fraction=args.kv_memory_fraction,
         check_invariants=args.debug_invariants,
+        prefix_cache=not args.no_prefix_cache,
     )
 
 
@@ -91,6 +92,11 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--kv-memory-fraction", type=float, default=0.5)
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="recompute every prompt (no radix prefix cache)",
+    )
     p.add_argument(
         "--debug-invariants",
         action="store_true",

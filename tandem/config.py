@@ -18,6 +18,7 @@ class EngineConfig:
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
     # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
+    prefix_cache: bool = True
     check_invariants: bool = False
     seed: int | None = None
 

@@ -13,6 +13,8 @@ class EngineOutput:
     new_token_ids: tuple[int, ...]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
+    # On a request's first output: prompt tokens whose KV came from the prefix cache.
+    cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:

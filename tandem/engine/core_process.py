@@ -51,6 +51,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
         )
     )
     paused = False
+    idle = True
     parent = os.getppid()
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
@@ -89,12 +90,18 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                 outbox.send(pack(["fatal", traceback.format_exc()]))
                 outbox.close(linger=2000)
                 os._exit(1)
-        if outputs:
+        idle_now = not engine.has_unfinished()
+        if outputs or (idle_now and not idle):
+            # Also once on going idle: the last release may come a step after the last output.
             outbox.send(pack(["outputs", outputs, _stats(engine)]))
+        idle = idle_now
 
 
 def _encode(outs) -> list[list[Any]]:
-    return [[o.request_id, list(o.new_token_ids), o.finish_reason, o.error] for o in outs]
+    return [
+        [o.request_id, list(o.new_token_ids), o.finish_reason, o.error, o.cached_tokens]
+        for o in outs
+    ]
 
 
 def _stats(engine) -> dict[str, Any]:
@@ -103,4 +110,7 @@ def _stats(engine) -> dict[str, Any]:
         "running": len(sched.running),
         "waiting": len(sched.waiting),
         "kv_usage": sched.kv_usage(),
+        "prefix_cache_queried_tokens": sched.stats.queried_tokens,
+        "prefix_cache_hit_tokens": sched.stats.hit_tokens,
+        "retractions": sched.stats.retractions,
     }

@@ -21,6 +21,16 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
+class RowCopy:
+    """Copy KV positions ``[0, length)`` of ``src`` into ``dst`` (a prefix-cache hit on a row
+    that another request owns). Runs before the step's prefill chunks."""
+
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass(frozen=True)
 class RowSampling:
     """Per-row sampling parameters (temperature 0 = greedy)."""
 
@@ -47,6 +57,9 @@ class StepPlan:
     # KV sequence capacity every row buffer must have before this step runs.
     capacity: int = 0
     chained: bool = False
+    copies: tuple[RowCopy, ...] = ()
+    # Rows whose KV must survive this step (owned or cached): the pool keeps at least these.
+    kv_rows: int = 0
 
     @property
     def num_rows(self) -> int:

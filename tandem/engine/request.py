@@ -9,8 +9,8 @@ from tandem.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    WAITING = 0  # queued, holds no KV
-    PREFILL = 1  # owns a row; prompt[:-1] is being written in chunks
+    WAITING = 0  # queued (or retracted), holds no KV
+    PREFILL = 1  # owns a row; tokens[:-1] (prompt, plus output if resumed) go in chunks
     DECODE = 2  # owns a row; each step feeds one token
     FINISHED = 3  # done; keeps its row until no in-flight step references it
 
@@ -30,6 +30,12 @@ class Request:
     # Launched steps that reference this request and are not finalized yet.
     num_inflight: int = 0
     finish_reason: str | None = None
+    # Prefix cache: prompt tokens served from cache at first admission, and the tree node
+    # this request holds a lock on (None when it holds none).
+    num_cached_tokens: int = 0
+    cache_reported: bool = False
+    lock_node: object | None = None
+    num_retractions: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -39,6 +45,14 @@ class Request:
     def max_len(self) -> int:
         """Most KV positions this request can ever need."""
         return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt and output tokens so far (what a resumed request must have in its KV)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
 
     @property
     def last_token(self) -> int:

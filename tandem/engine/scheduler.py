@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tandem.engine.plan import PrefillChunk, RowSampling, StepPlan, StepResult
+from tandem.engine.plan import PrefillChunk, RowCopy, RowSampling, StepPlan, StepResult
+from tandem.engine.radix import Match, Node, RadixTree
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.rows import RowAllocator
 from tandem.outputs import EngineOutput
@@ -22,38 +23,64 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_model_len: int = 4096
     max_num_batched_tokens: int = 2048
-    # Bound on (rows in use) x (row capacity): the KV the runner may have to hold.
+    # Bound on the KV the runner holds: rows (rounded up to row_chunk) x row capacity.
     kv_budget_tokens: int = 1 << 20
     capacity_chunk: int = 256
+    row_chunk: int = 8
+    prefix_cache: bool = True
+    # Rows in the pool (running + cached); 0: max_num_seqs, twice that with the prefix cache.
+    num_rows: int = 0
+
+    @property
+    def total_rows(self) -> int:
+        if self.num_rows:
+            return max(self.num_rows, self.max_num_seqs)
+        return self.max_num_seqs * (2 if self.prefix_cache else 1)
 
 
 def round_up(n: int, chunk: int) -> int:
     return -(-n // chunk) * chunk
 
 
+@dataclass
+class CacheStats:
+    queried_tokens: int = 0  # prompt tokens looked up at first admission
+    hit_tokens: int = 0  # of those, served from cache
+    copied_tokens: int = 0  # hits served by a device copy (the rest reuse a row in place)
+    moved_tokens: int = 0  # cached KV moved out of the way of the decode batch
+    retractions: int = 0
+    evictions: int = 0
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.rows = RowAllocator(config.max_num_seqs)
+        self.rows = RowAllocator(config.total_rows)
+        self.tree = RadixTree()
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # owns a row (PREFILL, DECODE or FINISHED)
+        self.capacity = 0  # row capacity granted to the runner (only grows, like its buffers)
+        self.stats = CacheStats()
         self._step_id = 0
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts)
+        self._copies: list[RowCopy] = []
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         n = request.num_prompt_tokens
+        cfg = self.config
         if n == 0:
             raise ValueError("prompt must contain at least one token")
-        if request.max_len > self.config.max_model_len:
+        if request.max_len > cfg.max_model_len:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({request.params.max_tokens}) = "
-                f"{request.max_len} exceeds the context length {self.config.max_model_len}"
+                f"{request.max_len} exceeds the context length {cfg.max_model_len}"
             )
-        if round_up(request.max_len, self.config.capacity_chunk) > self.config.kv_budget_tokens:
+        alone = self._memory(1, round_up(request.max_len, cfg.capacity_chunk))
+        if alone > cfg.kv_budget_tokens:
             raise ValueError(
-                f"request needs {request.max_len} KV tokens, more than the KV budget "
-                f"({self.config.kv_budget_tokens} tokens)"
+                f"request needs {request.max_len} KV tokens, which cannot fit the KV budget "
+                f"({cfg.kv_budget_tokens} tokens) even alone"
             )
         if request.request_id in self.running or any(
             r.request_id == request.request_id for r in self.waiting
@@ -85,13 +112,24 @@ class Scheduler:
         return bool(self.waiting or self.running or self._pending)
 
     def kv_usage(self) -> float:
-        """Share of the KV budget the live requests can reach (rows x longest reservation)."""
-        return min(1.0, self._reach(self.rows.high_water) / self.config.kv_budget_tokens)
+        """Share of the KV budget live requests hold (cached rows are reclaimable, so they
+        do not count)."""
+        used = self.rows.num_owned * self.capacity
+        return min(1.0, used / self.config.kv_budget_tokens)
 
-    def _reach(self, num_rows: int, extra: Request | None = None) -> int:
-        """KV tokens the row layout can grow to: rows x longest reservation, rounded up."""
-        lens = [r.max_len for r in self.running.values()] + ([extra.max_len] if extra else [])
-        return num_rows * round_up(max(lens, default=0), self.config.capacity_chunk)
+    def _memory(self, span: int, capacity: int) -> int:
+        """KV tokens the runner's buffers take for ``span`` rows of ``capacity`` positions."""
+        cfg = self.config
+        return min(round_up(span, cfg.row_chunk), cfg.total_rows) * capacity
+
+    def _need(self, req: Request) -> int:
+        """Positions to grant a request: its tokens plus a chunk of headroom (so a chain
+        rarely has to break for growth), never more than it can ever use."""
+        return min(req.max_len, req.num_tokens + self.config.capacity_chunk)
+
+    def _capacity_for(self, reqs: Iterable[Request]) -> int:
+        need = max((self._need(r) for r in reqs), default=0)
+        return max(self.capacity, round_up(need, self.config.capacity_chunk))
 
     def take_pending_outputs(self) -> list[EngineOutput]:
         out, self._pending = self._pending, []
@@ -99,40 +137,54 @@ class Scheduler:
 
     # ---- planning -----------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
-        """A fresh step: admissions, prefill chunks under the token budget, all decodes."""
+        """A fresh step: fit the KV budget (retracting if it must), admissions, prefill
+        chunks under the token budget, all decodes. Nothing is in flight when it runs."""
+        self._fit()
         self._admit()
         budget = self.config.max_num_batched_tokens
         chunks: list[PrefillChunk] = []
         for req in self.running.values():
             if req.status is not RequestStatus.PREFILL:
                 continue
-            target = req.num_prompt_tokens - 1
+            target = req.num_tokens - 1
             if req.num_computed < target and budget > 0:
                 end = min(target, req.num_computed + budget)
-                chunk = tuple(req.prompt_token_ids[req.num_computed : end])
+                tokens = req.token_ids()
+                chunk = tuple(tokens[req.num_computed : end])
                 chunks.append(PrefillChunk(req.request_id, req.row, req.num_computed, chunk))
                 budget -= len(chunk)
                 req.num_computed = end
             if req.num_computed == target and budget > 0:
-                # Route by state: the last prompt token is an ordinary decode row.
+                # Route by state: the last token is an ordinary decode row.
                 req.status = RequestStatus.DECODE
                 budget -= 1
         num_rows = self.rows.high_water
         if num_rows == 0 and not chunks:
+            assert not self._copies
             return None
         ids: list[str | None] = [None] * num_rows
         positions = [0] * num_rows
-        tokens = [0] * num_rows
+        tokens_in = [0] * num_rows
         reqs: list[Request | None] = [None] * num_rows
         for req in self.running.values():
             assert req.row is not None and not req.finished
             if req.status is RequestStatus.DECODE:
                 ids[req.row] = req.request_id
-                tokens[req.row] = req.last_token
+                tokens_in[req.row] = req.last_token
                 reqs[req.row] = req
             # Prefilling rows are holes placed at their next unwritten position.
             positions[req.row] = req.num_computed
-        return self._launch(ids, positions, tuple(tokens), reqs, tuple(chunks), chained=False)
+        for row in self.rows.cached:
+            if row < num_rows:  # a cached hole writes past what the tree claims
+                positions[row] = self.tree.row_length(row)
+        plan = self._launch(ids, positions, tuple(tokens_in), reqs, tuple(chunks), chained=False)
+        if self.config.prefix_cache:
+            # Launched prefill is visible to later steps' hits (the device runs steps in
+            # order), never to this one's: its copies run before its chunks.
+            for c in chunks:
+                req = self.running[c.request_id]
+                self.tree.insert(req.token_ids()[: c.start + len(c.token_ids)], c.row)
+        return plan
 
     def chain(self, parent: StepPlan) -> StepPlan | None:
         """A decode step on the parent's lazy tokens, or None when the chain must break."""
@@ -149,6 +201,8 @@ class Scheduler:
                     return None
             reqs.append(req)
         positions = [p + 1 for p in parent.positions]
+        if max(positions) >= self.capacity:
+            return None  # rows must grow: a scheduling decision (budget, retraction)
         return self._launch(
             list(parent.row_request_ids),
             positions,
@@ -179,7 +233,8 @@ class Scheduler:
         for rid in touched:
             self.running[rid].num_inflight += 1
         ends = [p + 1 for p in positions] + [c.start + len(c.token_ids) for c in chunks]
-        capacity = round_up(max(ends), self.config.capacity_chunk)
+        assert max(ends) <= self.capacity, "a step outgrew the granted capacity"
+        copies, self._copies = tuple(self._copies), []
         self._step_id += 1
         return StepPlan(
             step_id=self._step_id,
@@ -188,23 +243,155 @@ class Scheduler:
             input_tokens=tokens,
             sampling=sampling or _row_sampling(reqs),
             chunks=chunks,
-            capacity=capacity,
+            capacity=self.capacity,
             chained=chained,
+            copies=copies,
+            kv_rows=self.rows.span,
         )
+
+    # ---- KV budget: fitting, admission, retraction ---------------------------------------
+    def _fit(self) -> None:
+        """Grow the granted capacity for the running requests; while that overflows the
+        budget, free the topmost row (evict it if cached, else retract its request)."""
+        budget = self.config.kv_budget_tokens
+        while True:
+            live = [r for r in self.running.values() if not r.finished]
+            cap = self._capacity_for(live)
+            if self._memory(self.rows.span, cap) <= budget or self.rows.span == 0:
+                break
+            top = self.rows.span - 1
+            if top in self.rows.cached:
+                self._evict(top)
+            else:
+                rid = self.rows.owner(top)
+                assert rid is not None
+                self._retract(self.running[rid])
+        self._grant(cap, self.rows.span)
+
+    def _grant(self, cap: int, span: int) -> None:
+        """Raise the capacity to at least ``cap``. Growth reallocates every row the pool
+        keeps, so it grows geometrically (at most doubling, within the context length and
+        the budget): a long generation costs a few reallocations, not one per chunk."""
+        if cap <= self.capacity:
+            return
+        cfg = self.config
+        doubled = min(2 * self.capacity, round_up(cfg.max_model_len, cfg.capacity_chunk))
+        if doubled > cap and self._memory(span, doubled) <= cfg.kv_budget_tokens:
+            cap = doubled
+        self.capacity = cap
 
     def _admit(self) -> None:
         cfg = self.config
-        while self.waiting and self.rows.num_free:
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
-            row = self.rows.peek()
-            assert row is not None
-            if self._reach(max(self.rows.high_water, row + 1), req) > cfg.kv_budget_tokens:
-                break
+            tokens = req.token_ids()
+            match = self.tree.match(tokens, len(tokens) - 1) if cfg.prefix_cache else None
+            hit = match.length if match is not None else 0
+            row, adopt, move_to = self._pick_row(match)
+            if row is None:
+                break  # every row is owned
+            live = [r for r in self.running.values() if not r.finished] + [req]
+            cap = self._capacity_for(live)
+            span = max(self.rows.span, row + 1, (move_to or 0) + 1)
+            if self._memory(span, cap) > cfg.kv_budget_tokens:
+                top = self._evictable_top(exclude=row if adopt else None)
+                if top is None:
+                    break  # wait for running requests to finish
+                self._evict(top)
+                continue
             self.waiting.popleft()
-            req.row = self.rows.allocate(req.request_id)
+            if req.num_retractions == 0:
+                self.stats.queried_tokens += req.num_prompt_tokens
+                self.stats.hit_tokens += hit
+                req.num_cached_tokens = hit
+            if adopt:
+                self.rows.adopt(row, req.request_id)
+                self.tree.truncate(row, hit)
+            else:
+                if move_to is not None:  # keep the cached KV, out of the decode batch
+                    self._copies.append(RowCopy(row, move_to, self.tree.row_length(row)))
+                    self.tree.rename(row, move_to)
+                    self.rows.move_cached(row, move_to)
+                    self.stats.moved_tokens += self._copies[-1].length
+                elif row in self.rows.cached:
+                    self._evict(row)
+                taken = self.rows.allocate(req.request_id)
+                assert taken == row
+                if hit:
+                    assert match is not None
+                    src = self.tree.lru(match.rows)
+                    assert src is not None
+                    self._copies.append(RowCopy(src, row, hit))
+                    self.stats.copied_tokens += hit
+                    self.tree.add_row(match, row)
+            if hit:
+                assert match is not None
+                self.tree.lock(match.node)
+                req.lock_node = match.node
+                self.tree.touch(row)
+            req.row = row
             req.status = RequestStatus.PREFILL
-            req.num_computed = 0
+            req.num_computed = hit
             self.running[req.request_id] = req
+            self._grant(cap, self.rows.span)
+
+    def _pick_row(self, match: Match | None) -> tuple[int | None, bool, int | None]:
+        """The row for a request: (row, adopt, move_to). The decode batch spans rows 0 to
+        the highest owned one, so a request takes the lowest row that is free or cached,
+        keeping that batch dense. A hit adopts a cached row holding its prefix when that
+        row is no higher (zero copy). Cached KV in the way moves to the lowest free row above
+        the batch (one copy) when there is one, and is evicted otherwise."""
+        free = self.rows.peek()
+        cached = self.rows.cached
+        lowest_cached = min(cached, default=None)
+        if lowest_cached is not None and (free is None or lowest_cached < free):
+            row = lowest_cached
+        else:
+            row = free
+        if row is None:
+            return None, False, None
+        if match is not None and match.length:
+            limit = max(row, self.rows.high_water - 1)
+            holders = {r for r in match.rows if r in cached and r <= limit}
+            if holders:
+                return self.tree.lru(holders), True, None
+        if row in cached:
+            above = self.rows.lowest_free_above(max(row, self.rows.high_water - 1))
+            if above is not None:
+                return row, False, above
+        return row, False, None
+
+    def _evictable_top(self, exclude: int | None) -> int | None:
+        """The topmost cached row above every owned row (evicting it shrinks the pool)."""
+        hw = self.rows.high_water
+        above = [r for r in self.rows.cached if r >= hw and r != exclude]
+        return max(above, default=None)
+
+    def _evict(self, row: int) -> None:
+        self.tree.remove(row)
+        self.rows.evict(row)
+        self.stats.evictions += 1
+
+    def _retract(self, req: Request) -> None:
+        """Give a running request's row back and queue it first; it resumes by prefilling its
+        prompt and output so far (from cache where the tree still has them)."""
+        assert req.num_inflight == 0 and req.row is not None
+        self._unlock(req)
+        self.tree.remove(req.row)
+        self.rows.release(req.row, req.request_id)
+        req.row = None
+        req.status = RequestStatus.WAITING
+        req.num_computed = 0
+        req.num_retractions += 1
+        self.stats.retractions += 1
+        del self.running[req.request_id]
+        self.waiting.appendleft(req)
+
+    def _unlock(self, req: Request) -> None:
+        if req.lock_node is not None:
+            assert isinstance(req.lock_node, Node)
+            self.tree.unlock(req.lock_node)
+            req.lock_node = None
 
     # ---- results ------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
@@ -221,7 +408,11 @@ class Scheduler:
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self._finish(req, reason, emit=False)
-            outputs.append(EngineOutput(rid, (token,), reason))
+            cached = None
+            if not req.cache_reported:
+                req.cache_reported = True
+                cached = req.num_cached_tokens
+            outputs.append(EngineOutput(rid, (token,), reason, cached_tokens=cached))
         for rid in plan.request_ids:
             req = self.running[rid]
             req.num_inflight -= 1
@@ -242,11 +433,21 @@ class Scheduler:
             self._pending.append(EngineOutput(req.request_id, (), reason))
 
     def _maybe_release(self, req: Request) -> None:
-        """Late release: a finished request keeps its row until no launched step uses it."""
-        if req.finished and req.num_inflight == 0 and req.row is not None:
-            self.rows.release(req.row, req.request_id)
-            req.row = None
-            del self.running[req.request_id]
+        """Late release: a finished request keeps its row until no launched step uses it.
+        With the prefix cache its KV (every position certainly written with the token the
+        tree will claim for it) then stays behind as a cached row."""
+        if not (req.finished and req.num_inflight == 0 and req.row is not None):
+            return
+        row = req.row
+        self._unlock(req)
+        # capacity - 1: a cached row inside the decode batch needs one spare position.
+        keep = min(req.num_computed, req.num_tokens, self.capacity - 1)
+        if self.config.prefix_cache and keep > 0:
+            self.tree.insert(req.token_ids()[:keep], row)
+        cache = self.tree.holds(row)
+        self.rows.release(row, req.request_id, cache=cache)
+        req.row = None
+        del self.running[req.request_id]
 
     # ---- invariants ---------------------------------------------------------------------
     def check_invariants(self, inflight: Iterable[StepPlan] = ()) -> None:
@@ -271,9 +472,33 @@ class Scheduler:
                 expected = req.num_prompt_tokens - 1 + len(req.output_token_ids) + req.num_inflight
                 assert req.num_computed == expected, f"{rid}: KV accounting is off"
             else:
-                assert req.num_computed < req.num_prompt_tokens, f"{rid}: prefill overran"
+                assert req.num_computed < req.num_tokens, f"{rid}: prefill overran"
         for rid in refs:
             assert rid in self.running, f"in-flight step references released {rid}"
+        self._check_cache()
+
+    def _check_cache(self) -> None:
+        tree = self.tree
+        tree.check()
+        assert self.rows.cached <= tree.row_tail.keys(), "a cached row the tree does not hold"
+        for row in tree.row_tail:
+            assert row in self.rows.cached or self.rows.owner(row) is not None, (
+                f"the tree holds free row {row}"
+            )
+            assert tree.row_length(row) < max(self.capacity, 1), "cached KV past capacity"
+        expected: dict[int, int] = {}
+        for req in self.running.values():
+            if req.lock_node is not None:
+                assert isinstance(req.lock_node, Node)
+                assert req.row in req.lock_node.rows, "a lock holder lost its prefix"
+                for node in req.lock_node.path():
+                    expected[id(node)] = expected.get(id(node), 0) + 1
+        for req in self.waiting:
+            assert req.lock_node is None, "a waiting request holds a lock"
+        for node in tree._nodes():
+            assert node.lock == expected.get(id(node), 0), "lock count mismatch"
+        if not self.running:
+            assert all(n.lock == 0 for n in tree._nodes()), "locks left after drain"
 
 
 def _row_sampling(reqs: list[Request | None]) -> RowSampling:

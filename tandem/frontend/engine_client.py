@@ -30,6 +30,7 @@ class Delta:
     new_token_ids: list[int]
     finish_reason: str | None
     error: str | None = None
+    cached_tokens: int | None = None  # set on a request's first delta
 
 
 @dataclass
@@ -129,10 +130,10 @@ class EngineClient:
                 return
             _, outputs, stats = msg
             self.stats = stats
-            for rid, new_ids, reason, error in outputs:
+            for rid, new_ids, reason, error, cached in outputs:
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    stream.queue.put_nowait(Delta(new_ids, reason, error))
+                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached))
 
     async def _watch_process(self) -> None:
         assert self._proc is not None

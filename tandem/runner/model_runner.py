@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
-from tandem.runner.kv import KVPool, KVShape
+from tandem.runner.kv import ROW_STEP, KVPool, KVShape
 from tandem.runner.sampler import SamplingArrays, make_sampling_arrays, sample
 
 
@@ -94,6 +94,7 @@ class ModelRunner:
         model_type: str = "",
         overlap: bool = True,
         double_buffer: bool | None = None,
+        row_step: int = ROW_STEP,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/kv.py). None picks it where it was measured to pay: with overlap
@@ -105,12 +106,18 @@ class ModelRunner:
             kv_shape, self.vocab_size = probe_kv_shape(model)
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
-        self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer)
+        self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer, row_step=row_step)
 
     def launch(self, plan: StepPlan, parent: Handle | None) -> Handle:
         with mx.stream(self.stream):
-            needed_rows = max([plan.num_rows] + [c.row + 1 for c in plan.chunks])
+            needed_rows = max(
+                [plan.num_rows, plan.kv_rows]
+                + [c.row + 1 for c in plan.chunks]
+                + [c.dst + 1 for c in plan.copies]
+            )
             self.kv.begin_step(needed_rows, plan.capacity)
+            for c in plan.copies:
+                self.kv.copy_prefix(c.src, c.dst, c.length)
             self._prefill(plan.chunks)
             if plan.chained:
                 assert parent is not None

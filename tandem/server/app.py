@@ -52,6 +52,7 @@ class Piece:
     token_ids: list[int]  # new since the previous piece
     num_tokens: int  # generated so far
     finish_reason: str | None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
@@ -131,7 +132,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         rid = uuid.uuid4().hex
         detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         matcher = StopStringMatcher(stops)
-        count = 0
+        count = cached = 0
         pending_ids: list[int] = []
         start = last = time.monotonic()
         gen = client.generate(rid, prompt_ids, params)
@@ -147,6 +148,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     now - (start if count == 0 else last)
                 )
                 last = now
+                if d.cached_tokens is not None:
+                    cached = d.cached_tokens
                 count += len(d.new_token_ids)
                 metrics.generation_tokens.inc(len(d.new_token_ids))
                 ids = d.new_token_ids
@@ -155,23 +158,24 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     ids = ids[:-1]  # the stop token is not text
                 text = matcher.feed(detok.add(ids))
                 if matcher.stopped:
-                    yield Piece(text, pending_ids, count, "stop")
+                    yield Piece(text, pending_ids, count, "stop", cached)
                     return
                 if d.finish_reason is not None:
-                    yield Piece(text + matcher.flush(), pending_ids, count, d.finish_reason)
+                    yield Piece(text + matcher.flush(), pending_ids, count, d.finish_reason, cached)
                     return
                 if text:
-                    yield Piece(text, pending_ids, count, None)
+                    yield Piece(text, pending_ids, count, None, cached)
                     pending_ids = []
         finally:
             metrics.e2e.observe(time.monotonic() - start)
             await gen.aclose()
 
-    def usage(prompt: int, completion: int) -> dict[str, int]:
+    def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
     async def generate(
@@ -214,12 +218,12 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         if not req.stream:
 
             async def collect(i: int):
-                parts, ids, n, reason = [], [], 0, None
+                parts, ids, n, reason, cached = [], [], 0, None, 0
                 async for piece in run_one(prompts[i], plist[i], req.stop):
                     parts.append(piece.text)
                     ids += piece.token_ids
-                    n, reason = piece.num_tokens, piece.finish_reason
-                return "".join(parts), n, reason, ids
+                    n, reason, cached = piece.num_tokens, piece.finish_reason, piece.cached_tokens
+                return "".join(parts), n, reason, ids, cached
 
             tasks = [spawn(collect(i)) for i in range(len(prompts))]
             gathered = asyncio.gather(*tasks)
@@ -238,7 +242,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 metrics.requests.labels(endpoint, "error").inc()
             results = gathered.result()  # re-raises the first RequestError
             choices = []
-            for i, (text, _, reason, ids) in enumerate(results):
+            for i, (text, _, reason, ids, _) in enumerate(results):
                 if chat:
                     c = {
                         "index": i,
@@ -258,13 +262,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     **base,
                     "object": obj,
                     "choices": choices,
-                    "usage": usage(sum(map(len, prompts)), n_out),
+                    "usage": usage(sum(map(len, prompts)), n_out, sum(r[4] for r in results)),
                 }
             )
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
         counts = [0] * len(prompts)
+        cached_counts = [0] * len(prompts)
 
         async def pump(i: int) -> None:
             try:
@@ -297,6 +302,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         left -= 1
                         continue
                     counts[i] = item.num_tokens
+                    cached_counts[i] = item.cached_tokens
                     if item.text or item.finish_reason:
                         yield _sse(
                             {
@@ -320,7 +326,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                             **base,
                             "object": chunk_obj,
                             "choices": [],
-                            "usage": usage(sum(map(len, prompts)), sum(counts)),
+                            "usage": usage(sum(map(len, prompts)), sum(counts), sum(cached_counts)),
                         }
                     )
                 yield b"data: [DONE]\n\n"

@@ -34,7 +34,27 @@ class Metrics:
         self.waiting = Gauge("tandem_num_requests_waiting", "Queued requests", registry=r)
         self.kv_usage = Gauge(
             "tandem_kv_cache_usage_ratio",
-            "Share of the KV budget held by live requests (rows x longest reservation)",
+            "Share of the KV budget held by live requests (cached prefixes not counted)",
+            registry=r,
+        )
+        self.prefix_queried = Gauge(
+            "tandem_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache (since start)",
+            registry=r,
+        )
+        self.prefix_hits = Gauge(
+            "tandem_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache (since start)",
+            registry=r,
+        )
+        self.prefix_hit_rate = Gauge(
+            "tandem_prefix_cache_hit_rate",
+            "Share of prompt tokens served from the prefix cache (since start)",
+            registry=r,
+        )
+        self.retractions = Gauge(
+            "tandem_num_retractions",
+            "Requests retracted (preempted) to fit the KV budget (since start)",
             registry=r,
         )
 
@@ -42,4 +62,10 @@ class Metrics:
         self.running.set(stats.get("running", 0))
         self.waiting.set(stats.get("waiting", 0))
         self.kv_usage.set(stats.get("kv_usage", 0.0))
+        queried = stats.get("prefix_cache_queried_tokens", 0)
+        hits = stats.get("prefix_cache_hit_tokens", 0)
+        self.prefix_queried.set(queried)
+        self.prefix_hits.set(hits)
+        self.prefix_hit_rate.set(hits / queried if queried else 0.0)
+        self.retractions.set(stats.get("retractions", 0))
         return generate_latest(self.registry)

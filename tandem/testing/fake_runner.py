@@ -1,11 +1,17 @@
-"""A model-free runner: each token is a pure function of (request seed, position).
+"""A model-free runner whose "KV" is the token ids themselves.
 
-It honours the launch/finalize contract (launch order, chained steps reading the parent's
-tokens) so tests can drive the real scheduler and overlap loop without MLX.
+Each row keeps the token written at each position (by prefill chunks, decode inputs and prefix
+copies), and a step's output token is a pure function of the request's seed and the row's
+whole history ``[0, position]``. So any KV bookkeeping error (a wrong copy, a stale cached row,
+a chained step accounted at the wrong position, a hole overwriting cached KV) changes the
+tokens, which tests compare against ``fake_token`` run over the true sequence. It also honours
+the launch/finalize contract (launch order, chained steps reading the parent's tokens, rows
+beyond ``kv_rows`` lost when the buffers are reallocated).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.engine.plan import StepPlan, StepResult
@@ -13,8 +19,10 @@ from tandem.engine.plan import StepPlan, StepResult
 VOCAB = 1000
 
 
-def fake_token(seed: int, position: int) -> int:
-    return (seed * 7919 + position * 104729 + 17) % VOCAB
+def fake_token(seed: int, history: Sequence[int]) -> int:
+    """The token a request with ``seed`` samples after ``history`` (prompt and outputs)."""
+    h = hash(tuple(history)) & 0xFFFFFFFF
+    return (seed * 7919 + len(history) * 104729 + h * 31 + 17) % VOCAB
 
 
 @dataclass
@@ -29,24 +37,47 @@ class FakeRunner:
     """Records every launch; checks finalize order and that chains follow their parent."""
 
     launched: list[StepPlan] = field(default_factory=list)
+    kv: dict[int, list[int | None]] = field(default_factory=dict)
+    capacity: int = 0
+    copied_tokens: int = 0
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 
     def launch(self, plan: StepPlan, parent: FakeHandle | None) -> FakeHandle:
         if plan.chained:
             assert parent is not None and parent.plan.row_request_ids == plan.row_request_ids
             assert plan.input_tokens is None
+            inputs = parent.tokens
         else:
             assert parent is None and plan.input_tokens is not None
             # No fresh step may launch while another is unfinalized (fresh steps follow
             # a chain break, which finalizes everything first).
             assert not self._unfinalized, "fresh launch with a step in flight"
+            inputs = plan.input_tokens
         assert len(self._unfinalized) < 2, "more than two steps in flight"
         self.launched.append(plan)
-        tokens = tuple(
-            fake_token(seed, pos)
-            for seed, pos in zip(plan.sampling.seed, plan.positions, strict=True)
-        )
-        handle = FakeHandle(plan, tokens)
+        self._grow(plan)
+        for c in plan.copies:
+            src = self.kv[c.src][: c.length]
+            assert len(src) == c.length and None not in src, "copy of unwritten KV"
+            self._row(c.dst)[: c.length] = src
+            self.copied_tokens += c.length
+        for chunk in plan.chunks:
+            row = self._row(chunk.row)
+            assert chunk.start + len(chunk.token_ids) <= plan.capacity
+            assert None not in row[: chunk.start], "chunk attends to unwritten KV"
+            row[chunk.start : chunk.start + len(chunk.token_ids)] = list(chunk.token_ids)
+        tokens = []
+        for i, (rid, pos, tok) in enumerate(
+            zip(plan.row_request_ids, plan.positions, inputs, strict=True)
+        ):
+            assert pos < plan.capacity, "write past the row capacity"
+            row = self._row(i)
+            row[pos] = tok
+            history = row[: pos + 1]
+            if rid is not None:
+                assert None not in history, f"{rid} attends to unwritten KV"
+            tokens.append(fake_token(plan.sampling.seed[i], [t or 0 for t in history]))
+        handle = FakeHandle(plan, tuple(tokens))
         self._unfinalized.append(handle)
         return handle
 
@@ -55,3 +86,20 @@ class FakeRunner:
         self._unfinalized.pop(0)
         handle.finalized = True
         return StepResult(handle.plan.step_id, handle.tokens)
+
+    def _grow(self, plan: StepPlan) -> None:
+        """Like the real pool: growing the capacity reallocates, keeping only needed rows."""
+        if plan.capacity > self.capacity:
+            keep = max(
+                [plan.num_rows, plan.kv_rows]
+                + [c.row + 1 for c in plan.chunks]
+                + [c.dst + 1 for c in plan.copies]
+            )
+            self.kv = {r: v for r, v in self.kv.items() if r < keep}
+            self.capacity = plan.capacity
+
+    def _row(self, row: int) -> list[int | None]:
+        buf = self.kv.setdefault(row, [])
+        if len(buf) < self.capacity:
+            buf.extend([None] * (self.capacity - len(buf)))
+        return buf

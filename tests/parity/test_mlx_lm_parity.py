@@ -47,8 +47,11 @@ def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int
     engine = llm.engine
     vocab = llm.tokenizer.vocab_size
     specs = []
+    shared = [rng.randrange(3, vocab) for _ in range(40)]
     for i in range(num):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 70))]
+        if i % 3 == 0:  # prefix-cache hits of different lengths, in place and by copy
+            prompt = shared[: rng.randint(10, 40)] + prompt[: rng.randint(0, 8)]
         n = rng.randint(1, 28)
         ref = reference(path, prompt, n)
         stop: tuple[int, ...] = ()
@@ -86,7 +89,7 @@ def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int
             )
     sched = engine.scheduler
     assert not sched.running and not sched.waiting
-    assert sched.rows.num_free == sched.config.max_num_seqs
+    assert sched.rows.num_free + len(sched.rows.cached) == sched.rows.num_rows
     return got
 
 
@@ -106,6 +109,33 @@ def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_mode
         results.append(run_staggered(llm, path, random.Random(arch)))
         assert (llm.engine.loop.num_chained > 0) == overlap
     assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prefix_hits_match_cold_runs_and_mlx_lm(tiny_model_dir, overlap):
+    """Multi-turn (a finished conversation's row adopted in place), concurrent requests on a
+    shared prefix (copied from a running row), a hit covering all but the last prompt token,
+    and a hit after chained decode: every output token-exact with mlx-lm and a cold engine."""
+    path = tiny_model_dir("qwen3")
+    rng = random.Random(11)
+    base = [rng.randrange(3, 400) for _ in range(37)]
+    turn1 = base + [5, 6]
+    warm = LLM(str(path), overlap=overlap, check_invariants=True, max_num_batched_tokens=16)
+    cold = LLM(str(path), overlap=overlap, prefix_cache=False, max_num_batched_tokens=16)
+    out1 = warm.generate([turn1], greedy(20))[0]
+    turn2 = turn1 + out1.token_ids + [9, 10, 11]
+    same = turn1  # full hit: all but its last token is cached
+    fan = [base + [rng.randrange(3, 400) for _ in range(rng.randint(1, 9))] for _ in range(6)]
+    prompts = [turn2, same] + fan
+    params = [greedy(rng.randint(5, 25)) for _ in prompts]
+    got = warm.generate(prompts, params)
+    want = cold.generate(prompts, params)
+    for p, sp, g, w in zip(prompts, params, got, want, strict=True):
+        assert g.token_ids == w.token_ids == reference(path, p, sp.max_tokens)
+    stats = warm.engine.scheduler.stats
+    assert stats.hit_tokens >= len(turn1) - 1 + len(turn1) - 1 + 6 * 30
+    assert 0 < stats.copied_tokens < stats.hit_tokens
+    assert cold.engine.scheduler.stats.hit_tokens == 0
 
 
 @pytest.mark.parametrize("budget", [4, 5])

@@ -22,7 +22,7 @@ def test_closing_a_stream_aborts_the_request_and_frees_its_row(tiny_model_dir):
     assert seen == full.token_ids[: len(seen)]
     sched = llm.engine.scheduler
     assert not llm.engine.has_unfinished()
-    assert sched.rows.num_free == sched.config.max_num_seqs
+    assert sched.rows.num_owned == 0 and not sched.running
 
 
 def chunk(n: int, row: int) -> PrefillChunk:

@@ -253,7 +253,30 @@ def test_non_streaming_disconnect_aborts_too(server):
     deadline = time.time() + 10
     while time.time() < deadline and metric(server, "tandem_num_requests_running") > 0:
         time.sleep(0.1)
-    assert metric(server, "tandem_num_requests_running") == 0
+    assert metric(server, "tandem_num_requests_running") == 0, "".join(server.log[-60:])
+
+
+def test_repeated_prompt_reports_cached_tokens(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "tell me about the prefix cache " * 8}]
+    first = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    second = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    # Earlier chats may share the template's opening tokens, never the whole prompt.
+    assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens // 2
+    # All but the last prompt token come from the cache; the output is the same.
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    assert second.choices[0].message.content == first.choices[0].message.content
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in stream if c.usage is not None][-1]
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+    assert 0 < metric(server, "tandem_prefix_cache_hit_rate") <= 1
 
 
 def test_metrics_count_tokens(server):

@@ -14,11 +14,13 @@ from tandem.testing.fake_runner import FakeRunner, fake_token
 EOS = 999
 
 
-def expected_tokens(seed: int, prompt_len: int, params: SamplingParams) -> tuple[list[int], str]:
+def expected_tokens(seed: int, prompt: list[int], params: SamplingParams) -> tuple[list[int], str]:
+    seq = list(prompt)
     out: list[int] = []
-    for i in range(params.max_tokens):
-        tok = fake_token(seed, prompt_len - 1 + i)
+    for _ in range(params.max_tokens):
+        tok = fake_token(seed, seq)
         out.append(tok)
+        seq.append(tok)
         if tok in params.stop_token_ids or (tok == EOS and not params.ignore_eos):
             return out, "stop"
     return out, "length"
@@ -31,13 +33,24 @@ def make_engine(overlap: bool, **cfg) -> tuple[Engine, FakeRunner]:
     return engine, runner
 
 
-def run_random_schedule(overlap: bool, seed: int, num_requests: int = 60, **cfg):
+def run_random_schedule(
+    overlap: bool, seed: int, num_requests: int = 60, *, max_prompt: int = 40, **cfg
+):
+    """Random arrivals, prompt/output lengths, stops and aborts; a third of the prompts
+    extend one of a few shared prefixes and a sixth resend an earlier prompt (multi-turn
+    style), so the prefix cache sees hits of every length."""
     rng = random.Random(seed)
     engine, runner = make_engine(overlap, **cfg)
     arrivals = sorted(rng.randrange(0, 200) for _ in range(num_requests))
+    prefixes = [[rng.randrange(0, 900) for _ in range(rng.randint(1, 60))] for _ in range(3)]
     specs = []
     for i, step in enumerate(arrivals):
-        prompt = [rng.randrange(0, 900) for _ in range(rng.randint(1, 40))]
+        prompt = [rng.randrange(0, 900) for _ in range(rng.randint(1, max_prompt))]
+        u = rng.random()
+        if u < 0.33:
+            prompt = rng.choice(prefixes) + prompt[: rng.randint(0, 10)]
+        elif u < 0.5 and specs:
+            prompt = rng.choice(specs)[2] + prompt[: rng.randint(0, 5)]
         stop = tuple(rng.sample(range(1000), 30)) if rng.random() < 0.3 else ()
         params = SamplingParams(
             max_tokens=rng.randint(1, 30),
@@ -68,24 +81,91 @@ def run_random_schedule(overlap: bool, seed: int, num_requests: int = 60, **cfg)
         step += 1
         assert step < 5000
     for _, rid, prompt, params, _ in specs:
-        want, reason = expected_tokens(int(rid[1:]), len(prompt), params)
+        want, reason = expected_tokens(int(rid[1:]), prompt, params)
         if rid in aborted:
             assert reasons[rid] == "abort"
             assert tokens[rid] == want[: len(tokens[rid])]
         else:
             assert (tokens[rid], reasons[rid]) == (want, reason), rid
-    assert engine.scheduler.rows.num_free == engine.scheduler.config.max_num_seqs
-    assert not engine.scheduler.running and not engine.scheduler.waiting
+    sched = engine.scheduler
+    assert not sched.running and not sched.waiting
+    assert sched.rows.num_free + len(sched.rows.cached) == sched.rows.num_rows
+    assert set(sched.tree.row_tail) == sched.rows.cached
     return tokens, reasons, engine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_random_schedules_give_exact_tokens_and_keep_invariants(seed):
-    on = run_random_schedule(True, seed)
-    off = run_random_schedule(False, seed)
-    assert on[0] == off[0] and on[1] == off[1]
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_random_schedules_give_exact_tokens_and_keep_invariants(seed, prefix_cache):
+    on = run_random_schedule(True, seed, prefix_cache=prefix_cache)
+    off = run_random_schedule(False, seed, prefix_cache=prefix_cache)
+    assert on[1] == off[1]
+    # An abort lands after a number of tokens that depends on the steps in flight.
+    done = [rid for rid, reason in on[1].items() if reason != "abort"]
+    assert [on[0][r] for r in done] == [off[0][r] for r in done]
     assert on[2].loop.num_chained > 0
     assert off[2].loop.num_chained == 0
+    stats = on[2].scheduler.stats
+    if prefix_cache:
+        assert stats.hit_tokens > 0
+    else:
+        assert stats.hit_tokens == 0 and not on[2].scheduler.tree.row_tail
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_tiny_pool_evicts_and_retracts_hundreds_of_requests_exactly(overlap):
+    """A pool of a few small rows for 300 requests with shared prefixes: cached rows are
+    evicted all the time, hits are served in place and by copy, and every token is exact."""
+    tokens, _, engine = run_random_schedule(
+        overlap,
+        5,
+        num_requests=300,
+        max_num_seqs=6,
+        capacity_chunk=16,
+        row_chunk=1,
+        kv_budget_tokens=8 * 16 * 4,
+        max_model_len=120,
+        max_prompt=30,
+    )
+    stats = engine.scheduler.stats
+    assert stats.evictions > 50 and stats.hit_tokens > 0
+    assert stats.copied_tokens > 0 and stats.copied_tokens < stats.hit_tokens
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_growth_past_the_budget_retracts_and_resumes_exactly(overlap, prefix_cache):
+    """Four rows of 32 positions fit the budget; as the requests grow the pool can hold
+    fewer rows, so the top ones are retracted, resumed later, and still give exact tokens."""
+    engine, _ = make_engine(
+        overlap,
+        capacity_chunk=16,
+        row_chunk=1,
+        kv_budget_tokens=4 * 32,
+        prefix_cache=prefix_cache,
+    )
+    prompts = {f"r{i}": [i + 1] * 8 for i in range(4)}
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    for rid, prompt in prompts.items():
+        engine.add_request(prompt, SamplingParams(max_tokens=60, ignore_eos=True, seed=7), rid)
+    got: dict[str, list[int]] = {rid: [] for rid in prompts}
+    max_running = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        engine.check_invariants()
+        max_running = max(max_running, len(engine.scheduler.running))
+    assert max_running == 4
+    assert engine.scheduler.stats.retractions >= 2
+    for rid, prompt in prompts.items():
+        assert got[rid] == expected_tokens(7, prompt, params)[0], rid
+
+
+def test_request_that_can_never_fit_is_rejected_at_admission():
+    engine, _ = make_engine(True, capacity_chunk=16, row_chunk=1, kv_budget_tokens=64)
+    with pytest.raises(ValueError, match="KV budget"):
+        engine.add_request([1] * 40, SamplingParams(max_tokens=30))
+    engine.add_request([1] * 30, SamplingParams(max_tokens=30))
 
 
 def test_small_token_budget_chunks_long_prompts_exactly():
@@ -94,7 +174,7 @@ def test_small_token_budget_chunks_long_prompts_exactly():
 
 
 def test_kv_budget_bounds_admission():
-    tokens, _, engine = run_random_schedule(True, 11, kv_budget_tokens=2 * 256)
+    tokens, _, engine = run_random_schedule(True, 11, kv_budget_tokens=2 * 256, row_chunk=1)
     assert tokens
 
 
@@ -124,7 +204,8 @@ def test_no_step_is_wasted_past_max_tokens():
 def test_request_finishing_mid_chain_releases_late():
     engine, runner = make_engine(True)
     seed = 3
-    stop_tok = fake_token(seed, 2 + 4)  # fifth output token
+    want, _ = expected_tokens(seed, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    stop_tok = want[4]  # fifth output token
     engine.add_request(
         [1, 2, 3], SamplingParams(max_tokens=50, seed=seed, stop_token_ids=(stop_tok,))
     )
