@@ -1,167 +1,441 @@
 """`tandem bench compare`: Tandem and `mlx_lm.server` on the same model, the same sweep, the
-same client — one server at a time on this machine — then a markdown table of medians with
-ratios and PNG plots.
+same client, then a markdown table of medians with ratios and PNG plots.
+
+Both servers are started up front (on two ports) and warmed up; for every (dataset,
+concurrency) point the repeats alternate between them (repeat i: Tandem first for even i,
+mlx_lm first for odd i), so a drift of the machine over the sweep hits both sides alike.
+
+Every run sends fresh prompts, the same ones to both servers, so no server answers a prompt it
+has already cached. ``random`` prompts are distinct random text. ``shared-prefix`` draws its
+prefixes from one fixed pool of ``--num-prefixes`` (the warm-up touches each of them on both
+servers) plus a fresh suffix per request: it measures serving with hot shared prefixes.
 
     tandem bench compare --model DIR --out docs/benchmarks/cpu-tiny
+    tandem bench compare --replot docs/benchmarks/cpu-tiny   # table.md + PNGs from results.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
+import datetime
+import importlib.metadata
 import json
+import math
 import os
+import platform
+import random
+import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tandem.bench.datasets import TextMaker, random_dataset, shared_prefix_dataset
+from tandem.bench.datasets import RequestSpec, TextMaker
 from tandem.bench.serve_client import run
 from tandem.bench.serve_metrics import compute
-from tandem.frontend.tokenizer import Tokenizer
 from tandem.testing.live_server import free_port
 
 SERVERS = ("tandem", "mlx_lm")
+DATASETS = ("random", "shared-prefix")
+METRICS = (
+    ("output_throughput", "output tok/s"),
+    ("ttft_ms", "TTFT median (ms)"),
+    ("tpot_ms", "TPOT median (ms)"),
+)
+MIN_PROMPTS_PER_CONCURRENCY = 2.0
+LOG_TAIL_LINES = 40
 
 
-def start_server(
-    kind: str, model: str, port: int, max_concurrency: int, cache: str
-) -> subprocess.Popen:
-    if kind == "tandem":
-        cmd = [
-            sys.executable,
-            "-m",
-            "tandem.cli",
-            "serve",
-            "--model",
-            model,
-            "--port",
-            str(port),
-            "--served-model-name",
-            "m",
-            "--max-num-seqs",
-            str(max(max_concurrency, 8)),
-        ]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            model,
-            "--port",
-            str(port),
-            "--decode-concurrency",
-            str(max(max_concurrency, 8)),
-            "--log-level",
-            "WARNING",
-        ]
-    # mlx_lm.server answers /v1/models with a 500 unless HF_HUB_CACHE exists.
-    env = {**os.environ, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{kind} server exited with {proc.returncode}")
+class ServerError(RuntimeError):
+    """A server that failed to start, died, or stopped answering; carries its log tail."""
+
+    def __init__(self, server: Server, what: str) -> None:
+        super().__init__(f"{server.kind} server {what}")
+        self.server = server
+
+
+@dataclass
+class Server:
+    kind: str
+    cmd: list[str]
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def model_name(self) -> str | None:
+        return "m" if self.kind == "tandem" else None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{kind} server did not come up")
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise ServerError(self, f"exited with {self.proc.returncode}")
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group: also any child the server left behind
+        (Tandem's engine process)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
 
 
-def sweep(
-    kind: str,
-    url: str,
-    model_name: str | None,
-    datasets: dict[str, list],
-    concurrency: list[int],
-    repeats: int,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, specs in datasets.items():
-        for c in concurrency:
-            points = []
-            for rep in range(repeats):
-                n = max(c * 2, 8)
-                records, duration = asyncio.run(
-                    run(
-                        url,
-                        "/v1/completions",
-                        model_name,
-                        specs[:n],
-                        max_concurrency=c,
-                        request_rate=float("inf"),
-                        ignore_eos=True,
-                        seed=rep,
-                        progress=False,
-                    )
-                )
-                points.append(compute(records, duration))
-            key = f"{name}/c{c}"
-            out[key] = {
-                "output_throughput": statistics.median(p["output_throughput"] for p in points),
-                "ttft_ms": statistics.median(p["ttft_s"]["median"] for p in points) * 1e3,
-                "tpot_ms": statistics.median(p["tpot_s"]["median"] for p in points) * 1e3,
-                "failed": sum(p["failed"] for p in points),
-                "short_outputs": sum(p["outputs_with_unexpected_length"] for p in points),
-            }
-            print(
-                f"{kind:>7} {key:<22} {out[key]['output_throughput']:9.1f} tok/s  "
-                f"TTFT {out[key]['ttft_ms']:8.1f} ms  TPOT {out[key]['tpot_ms']:7.2f} ms",
-                file=sys.stderr,
-                flush=True,
+def stop_all(servers: list[Server], grace: float = 20.0) -> None:
+    """SIGTERM to every server at once (they drain and exit), SIGKILL after ``grace``."""
+    for s in servers:
+        s.terminate()
+    deadline = time.time() + grace
+    for s in servers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            s.proc.wait(max(0.1, deadline - time.time()))
+        s.kill()
+
+
+def server_command(
+    kind: str, model: str, port: int, max_concurrency: int, extra: list[str], backlog: int = 0
+) -> list[str]:
+    """The server's command line. ``backlog`` > 0 raises mlx_lm.server's listen backlog (that
+    of Python's socketserver: 5), past which simultaneous connections wait ~1 s for a SYN
+    retransmit or get reset; uvicorn's (Tandem's) is 2048."""
+    slots = str(max(max_concurrency, 8))
+    if kind == "tandem":
+        cmd = [sys.executable, "-m", "tandem.cli", "serve", "--model", model]
+        cmd += ["--port", str(port), "--served-model-name", "m", "--max-num-seqs", slots]
+    elif backlog > 0:
+        boot = (
+            f"import socketserver; socketserver.TCPServer.request_queue_size = {backlog}; "
+            "from mlx_lm.cli import main; main()"
+        )
+        cmd = [sys.executable, "-c", boot, "server", "--model", model, "--port", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port)]
+    if kind == "mlx_lm":
+        cmd += ["--decode-concurrency", slots, "--log-level", "WARNING"]
+    return cmd + extra
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): get SIGTERM if the benchmark process dies, so a
+    killed benchmark leaves no server behind."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def launch(kind: str, cmd: list[str], port: int, log: Path, env: dict[str, str]) -> Server:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop the servers
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    return Server(kind, cmd, port, proc, log)
+
+
+def wait_ready(servers: list[Server], timeout: float) -> None:
+    """Until every server answers /v1/models with 200 (they load at the same time)."""
+    pending = list(servers)
+    deadline = time.time() + timeout
+    while pending:
+        for s in list(pending):
+            s.check_alive()
+            try:
+                if httpx.get(f"{s.url}/v1/models", timeout=2).status_code == 200:
+                    pending.remove(s)
+                    print(f"compare: {s.kind} is up on port {s.port}", file=sys.stderr)
+            except httpx.HTTPError:
+                pass
+        if pending and time.time() > deadline:
+            raise ServerError(pending[0], f"did not come up within {timeout:.0f} s")
+        if pending:
+            time.sleep(0.5)
+
+
+def free_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+# --- prompts ---------------------------------------------------------------------------------
+
+
+def run_seed(*parts: object) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def num_prompts(concurrency: int, per_concurrency: float, minimum: int) -> int:
+    return max(minimum, math.ceil(per_concurrency * concurrency))
+
+
+class Prompts:
+    """Fresh request sets per run; shared-prefix requests draw from one fixed prefix pool."""
+
+    def __init__(self, maker: TextMaker, args: argparse.Namespace) -> None:
+        self.maker = maker
+        self.input_len = args.input_len
+        self.output_len = args.output_len
+        rng = random.Random(run_seed("prefixes", args.prefix_len))
+        self.prefixes = [maker.make(args.prefix_len, rng) for _ in range(args.num_prefixes)]
+
+    def specs(self, dataset: str, n: int, seed: int, output_len: int | None = None) -> list:
+        rng = random.Random(seed)
+        out_len = self.output_len if output_len is None else output_len
+        specs: list[RequestSpec] = []
+        for i in range(n):
+            text = self.maker.make(self.input_len, rng)
+            group = -1
+            if dataset == "shared-prefix":
+                group = (i + seed) % len(self.prefixes)
+                text = self.prefixes[group] + text
+            specs.append(RequestSpec(text, out_len, self.maker.length(text), group=group))
+        rng.shuffle(specs)
+        return specs
+
+
+# --- driving ---------------------------------------------------------------------------------
+
+
+def drive(server: Server, specs: list[RequestSpec], concurrency: int, timeout: float) -> dict:
+    """One run of ``specs`` at ``concurrency`` against one server; the metric dict."""
+    server.check_alive()
+    coro = run(
+        server.url,
+        "/v1/completions",
+        server.model_name,
+        specs,
+        max_concurrency=concurrency,
+        request_rate=float("inf"),
+        ignore_eos=True,
+        seed=0,
+        progress=False,
+    )
+    try:
+        records, duration = asyncio.run(asyncio.wait_for(coro, timeout))
+    except TimeoutError:
+        raise ServerError(server, f"did not finish a run within {timeout:.0f} s") from None
+    server.check_alive()
+    return compute(records, duration)
+
+
+def warm_up(servers: list[Server], prompts: Prompts, dataset: str, conc: list[int]) -> None:
+    """Before a dataset's sweep: short requests of its shape at every concurrency, all servers
+    at once (first-use compilation of each batch shape), which for shared-prefix also touches
+    every prefix of the pool on every server."""
+
+    async def one(server: Server, specs: list[RequestSpec], c: int) -> None:
+        records, duration = await run(
+            server.url,
+            "/v1/completions",
+            server.model_name,
+            specs,
+            max_concurrency=c,
+            request_rate=float("inf"),
+            ignore_eos=True,
+            seed=0,
+            progress=False,
+        )
+        m = compute(records, duration)
+        if m["failed"]:
+            raise ServerError(
+                server, f"failed {m['failed']} of {len(specs)} warm-up requests: {m['errors']}"
             )
+
+    async def all_servers() -> None:
+        for c in conc:
+            n = max(c, len(prompts.prefixes)) if dataset == "shared-prefix" else c
+            specs = prompts.specs(dataset, n, run_seed("warmup", dataset, c), out_len)
+            await asyncio.gather(*(one(s, specs, c) for s in servers))
+
+    out_len = min(prompts.output_len, 8)
+    t = time.perf_counter()
+    asyncio.run(all_servers())
+    for s in servers:
+        s.check_alive()
+    print(f"compare: {dataset} warm-up done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+
+def run_summary(m: dict[str, Any], rep: int, position: int) -> dict[str, Any]:
+    return {
+        "repeat": rep,
+        "position": position,  # 0: this server ran first in the pair
+        "output_throughput": m["output_throughput"],
+        "ttft_ms": m["ttft_s"]["median"] * 1e3,
+        "tpot_ms": m["tpot_s"]["median"] * 1e3,
+        "itl_ms": m["itl_s"]["median"] * 1e3,
+        "e2e_ms": m["e2e_latency_s"]["median"] * 1e3,
+        "ttft_p99_ms": m["ttft_s"]["p99"] * 1e3,
+        "tpot_p99_ms": m["tpot_s"]["p99"] * 1e3,
+        "duration_s": m["duration_s"],
+        "completed": m["completed"],
+        "failed": m["failed"],
+        "errors": m["errors"],
+        "short_outputs": m["outputs_with_unexpected_length"],
+    }
+
+
+def point_summary(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    med = statistics.median
+    return {
+        "output_throughput": med(r["output_throughput"] for r in runs),
+        "ttft_ms": med(r["ttft_ms"] for r in runs),
+        "tpot_ms": med(r["tpot_ms"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "short_outputs": sum(r["short_outputs"] for r in runs),
+        "num_prompts": n,
+        "runs": runs,
+    }
+
+
+def ordered(servers: list[Server], rep: int) -> list[Server]:
+    return servers if rep % 2 == 0 else servers[::-1]
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+
+def _present(results: dict[str, dict[str, Any]]) -> list[str]:
+    return [s for s in SERVERS if s in results] + [s for s in results if s not in SERVERS]
+
+
+def _keys(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Points every server has (in sweep order)."""
+    servers = _present(results)
+    if not servers:
+        return []
+    return [k for k in results[servers[0]] if all(k in results[s] for s in servers)]
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Tandem / mlx_lm output throughput per point: of the medians, and the median of the
+    per-repeat ratios (each repeat's pair ran back to back)."""
+    if not all(s in results for s in SERVERS):
+        return {}
+    out = {}
+    for key in _keys(results):
+        a, b = results["tandem"][key], results["mlx_lm"][key]
+        pairs = {
+            r["repeat"]: r["output_throughput"] / m["output_throughput"]
+            for r in a.get("runs", [])
+            for m in b.get("runs", [])
+            if r["repeat"] == m["repeat"] and m["output_throughput"]
+        }
+        out[key] = {
+            "of_medians": a["output_throughput"] / b["output_throughput"]
+            if b["output_throughput"]
+            else math.nan,
+            "median_paired": statistics.median(pairs.values()) if pairs else math.nan,
+        }
     return out
 
 
-def markdown(results: dict[str, dict[str, Any]]) -> str:
-    t, m = results["tandem"], results["mlx_lm"]
-    rows = [
-        "| dataset / concurrency | out tok/s Tandem | mlx-lm | ratio | TTFT ms Tandem | "
-        "mlx-lm | TPOT ms Tandem | mlx-lm |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key in t:
-        a, b = t[key], m[key]
-        rows.append(
-            f"| {key} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
-            f"**{a['output_throughput'] / b['output_throughput']:.2f}** | "
-            f"{a['ttft_ms']:.1f} | {b['ttft_ms']:.1f} | {a['tpot_ms']:.2f} | "
-            f"{b['tpot_ms']:.2f} |"
-        )
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    servers = _present(results)
+    if servers == list(SERVERS):
+        t, m = results["tandem"], results["mlx_lm"]
+        rows = [
+            "| dataset / concurrency | out tok/s Tandem | mlx-lm | ratio | TTFT ms Tandem | "
+            "mlx-lm | TPOT ms Tandem | mlx-lm |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key in _keys(results):
+            a, b = t[key], m[key]
+            ratio = a["output_throughput"] / b["output_throughput"] if b["output_throughput"] else 0
+            rows.append(
+                f"| {key} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
+                f"**{ratio:.2f}** | {a['ttft_ms']:.1f} | {b['ttft_ms']:.1f} | "
+                f"{a['tpot_ms']:.2f} | {b['tpot_ms']:.2f} |"
+            )
+        return "\n".join(rows) + "\n"
+    rows = ["| dataset / concurrency | server | out tok/s | TTFT ms | TPOT ms |"]
+    rows.append("|---|---|---:|---:|---:|")
+    for key in _keys(results):
+        for s in servers:
+            a = results[s][key]
+            rows.append(
+                f"| {key} | {s} | {a['output_throughput']:.1f} | {a['ttft_ms']:.1f} | "
+                f"{a['tpot_ms']:.2f} |"
+            )
     return "\n".join(rows) + "\n"
 
 
-def plot(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The table of medians, then a line per point whose runs lost requests or got outputs of
+    the wrong length (summed over its repeats), since a median hides them."""
+    notes = [
+        f"- {s} {key}: {p['failed']} failed, {p['short_outputs']} of the wrong length"
+        for s in _present(results)
+        for key, p in results[s].items()
+        if p.get("failed") or p.get("short_outputs")
+    ]
+    if not notes:
+        return _table(results)
+    return (
+        _table(results) + "\nRequests lost or cut short (all repeats):\n" + "\n".join(notes) + "\n"
+    )
 
+
+def plot(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per metric; none (with a warning) when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(
+            "compare: matplotlib is not installed, no PNGs; redraw them later with "
+            f"`tandem bench compare --replot {out}`",
+            file=sys.stderr,
+        )
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
-    keys = list(results["tandem"])
+    keys = _keys(results)
     datasets = sorted({k.split("/")[0] for k in keys})
-    for metric, label in (
-        ("output_throughput", "output tok/s"),
-        ("ttft_ms", "TTFT median (ms)"),
-        ("tpot_ms", "TPOT median (ms)"),
-    ):
+    if not datasets:
+        return []
+    for metric, label in METRICS:
         fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
         for ax, ds in zip(axes[0], datasets, strict=True):
-            for server in SERVERS:
+            for server in _present(results):
                 pts = [
-                    (int(k.split("/c")[1]), v[metric])
-                    for k, v in results[server].items()
+                    (int(k.split("/c")[1]), results[server][k][metric])
+                    for k in keys
                     if k.startswith(ds + "/")
                 ]
                 ax.plot(*zip(*pts, strict=True), marker="o", label=server)
@@ -178,65 +452,285 @@ def plot(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
     return files
 
 
+def write_results(out: Path, doc: dict[str, Any]) -> None:
+    doc["ratios"] = ratios(doc["results"])
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.replace(out / "results.json")
+    (out / "table.md").write_text(markdown(doc["results"]))
+
+
+def replot(folder: Path) -> int:
+    """Rewrite table.md and the PNGs of a finished (or partial) run from its results.json."""
+    doc = json.loads((folder / "results.json").read_text())
+    table = markdown(doc["results"])
+    (folder / "table.md").write_text(table)
+    plot(doc["results"], folder)
+    print(table)
+    return 0
+
+
+# --- provenance ------------------------------------------------------------------------------
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def command_line() -> str:
+    """This run's command line, runnable again (``python -m tandem.cli ...`` when started
+    that way, where argv[0] is only the path of cli.py)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(os.path.join("tandem", "cli.py")):
+        argv = [sys.executable, "-m", "tandem.cli", *argv[1:]]
+    return shlex.join(argv)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine, for results.json. Reads package metadata (imports no mlx)."""
+    versions: dict[str, str] = {}
+    for name in (
+        "mlx",
+        "mlx-cpu",
+        "mlx-metal",
+        "mlx-cuda-12",
+        "mlx-cuda-13",
+        "mlx-lm",
+        "transformers",
+        "tokenizers",
+        "numpy",
+        "fastapi",
+        "uvicorn",
+        "pyzmq",
+        "httpx",
+    ):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    commit = _git("rev-parse", "HEAD") or os.environ.get("TANDEM_GIT_COMMIT")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            gpu = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+    return {
+        "versions": versions,
+        "tandem": {"git_commit": commit, "dirty": bool(dirty) if dirty is not None else None},
+        "python": sys.version,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu,
+    }
+
+
+# --- command ---------------------------------------------------------------------------------
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a model directory both servers can load")
+    p.add_argument("--model", help="a model directory both servers can load")
+    p.add_argument("--out", help="folder for results.json, table.md, PNGs and server logs")
+    p.add_argument("--servers", default=",".join(SERVERS), help="tandem,mlx_lm or a subset")
     p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--datasets", default="random,shared-prefix")
+    p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--input-len", type=int, default=128, help="prompt (or suffix) tokens")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--prefix-len", type=int, default=512)
     p.add_argument("--num-prefixes", type=int, default=4)
-    p.add_argument("--out", required=True, help="folder for results.json, table.md, PNGs")
+    p.add_argument(
+        "--prompts-per-concurrency",
+        type=float,
+        default=MIN_PROMPTS_PER_CONCURRENCY,
+        help="requests per run = max(--min-prompts, ceil(this x concurrency)); at least 2",
+    )
+    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument(
+        "--tandem-args",
+        default="",
+        help="appended to `tandem serve`, shlex-split (one flag alone: --tandem-args=--flag)",
+    )
+    p.add_argument("--mlx-lm-args", default="", help="appended to `mlx_lm server`, shlex-split")
+    p.add_argument(
+        "--mlx-lm-backlog",
+        type=int,
+        default=1024,
+        help="listen backlog for mlx_lm.server (0: its own, 5; too few for high concurrency)",
+    )
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument(
+        "--replot",
+        metavar="DIR",
+        help="only rewrite DIR/table.md and the PNGs from DIR/results.json",
+    )
+
+
+def _validate(args: argparse.Namespace) -> tuple[list[str], list[int], list[str]]:
+    if not args.model or not args.out:
+        raise ValueError("--model and --out are required (unless --replot)")
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if not servers or any(s not in SERVERS for s in servers) or len(set(servers)) < len(servers):
+        raise ValueError(f"--servers: a subset of {','.join(SERVERS)}, got {args.servers!r}")
+    servers = [s for s in SERVERS if s in servers]  # tandem first in even repeats
+    conc = [int(x) for x in args.concurrency.split(",")]
+    if any(c < 1 for c in conc):
+        raise ValueError("--concurrency: positive integers")
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    for d in datasets:
+        if d not in DATASETS:
+            raise ValueError(f"unknown dataset {d!r}; expected some of {','.join(DATASETS)}")
+    if args.prompts_per_concurrency < MIN_PROMPTS_PER_CONCURRENCY:
+        raise ValueError("--prompts-per-concurrency must be at least 2")
+    if args.repeats < 1 or args.num_prefixes < 1:
+        raise ValueError("--repeats and --num-prefixes must be at least 1")
+    return servers, conc, datasets
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM (e.g. from `timeout`) raise KeyboardInterrupt wherever we are, so
+    the servers get stopped. (Left to asyncio.run, Ctrl-C only cancels the client's task,
+    and a cancelled stream can come back as an ordinary failed request.)"""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    previous = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def main(args: argparse.Namespace) -> int:
-    conc = [int(x) for x in args.concurrency.split(",")]
-    maker = TextMaker(Tokenizer.load(Path(args.model)))
-    n = max(max(conc) * 2, 8)
-    datasets: dict[str, list] = {}
-    for name in args.datasets.split(","):
-        if name == "random":
-            datasets[name] = random_dataset(maker, n, args.input_len, args.output_len, 0)
-        elif name == "shared-prefix":
-            datasets[name] = shared_prefix_dataset(
-                maker, n, args.prefix_len, args.num_prefixes, args.input_len, args.output_len, 0
-            )
-        else:
-            raise ValueError(f"unknown dataset {name!r}")
+    if args.replot:
+        return replot(Path(args.replot))
+    try:
+        kinds, conc, datasets = _validate(args)
+    except ValueError as e:
+        print(f"compare: error: {e}", file=sys.stderr)
+        return 2
+    from tandem.frontend.tokenizer import Tokenizer
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as cache:
-        for kind in SERVERS:
-            port = free_port()
-            proc = start_server(kind, args.model, port, max(conc), cache)
-            try:
-                url = f"http://127.0.0.1:{port}"
-                warm = random_dataset(maker, 4, 16, 8, 99)
-                asyncio.run(
-                    run(
-                        url,
-                        "/v1/completions",
-                        "m" if kind == "tandem" else None,
-                        warm,
-                        max_concurrency=4,
-                        request_rate=float("inf"),
-                        ignore_eos=True,
-                        seed=0,
-                        progress=False,
-                    )
+    prompts = Prompts(TextMaker(Tokenizer.load(Path(args.model))), args)
+    extra = {"tandem": shlex.split(args.tandem_args), "mlx_lm": shlex.split(args.mlx_lm_args)}
+    per_sweep = sum(num_prompts(c, args.prompts_per_concurrency, args.min_prompts) for c in conc)
+    print(
+        f"compare: {','.join(kinds)} x {len(datasets)} dataset(s) x {len(conc)} "
+        f"concurrencies x {args.repeats} repeats: {per_sweep * len(datasets) * args.repeats} "
+        "requests per server",
+        file=sys.stderr,
+    )
+    doc: dict[str, Any] = {
+        "model": args.model,
+        "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "command": command_line(),
+        "argv": sys.argv,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "complete": False,
+        **environment(),
+        "servers": {},
+        "results": {k: {} for k in kinds},
+    }
+    servers: list[Server] = []
+    with tempfile.TemporaryDirectory() as cache, _signals_interrupt():
+        # mlx_lm.server answers /v1/models with a 500 unless HF_HUB_CACHE exists.
+        env = {**os.environ, "HF_HUB_CACHE": cache, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        try:
+            for kind, port in zip(kinds, free_ports(len(kinds)), strict=True):
+                cmd = server_command(
+                    kind, args.model, port, max(conc), extra[kind], args.mlx_lm_backlog
                 )
-                results[kind] = sweep(
-                    kind, url, "m" if kind == "tandem" else None, datasets, conc, args.repeats
-                )
-            finally:
-                proc.terminate()
-                proc.wait(60)
-    meta = {"model": args.model, "config": {k: v for k, v in vars(args).items() if k != "func"}}
-    (out / "results.json").write_text(json.dumps({**meta, "results": results}, indent=2))
-    table = markdown(results)
-    (out / "table.md").write_text(table)
-    plot(results, out)
-    print(table)
+                servers.append(launch(kind, cmd, port, out / "logs" / f"{kind}.log", env))
+                doc["servers"][kind] = {"command": shlex.join(cmd), "log": f"logs/{kind}.log"}
+            wait_ready(servers, args.startup_timeout)
+            for name in datasets:
+                if not args.no_warmup:
+                    warm_up(servers, prompts, name, conc)
+                for c in conc:
+                    sweep_point(servers, prompts, name, c, args, doc)
+                    write_results(out, doc)
+        except ServerError as e:
+            print(f"compare: error: {e}; last lines of {e.server.log}:", file=sys.stderr)
+            print(e.server.log_tail(), file=sys.stderr)
+            write_results(out, doc)
+            return 1
+        except KeyboardInterrupt:
+            print("compare: interrupted; stopping the servers", file=sys.stderr)
+            write_results(out, doc)
+            return 130
+        finally:
+            with _signals_ignored():  # a second Ctrl-C must not leave a server running
+                stop_all(servers)
+    doc["complete"] = True
+    doc["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    write_results(out, doc)
+    plot(doc["results"], out)
+    print(markdown(doc["results"]))
     return 0
+
+
+def sweep_point(
+    servers: list[Server],
+    prompts: Prompts,
+    name: str,
+    c: int,
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+) -> None:
+    """All repeats of one (dataset, concurrency) point, alternating the server order."""
+    key = f"{name}/c{c}"
+    n = num_prompts(c, args.prompts_per_concurrency, args.min_prompts)
+    runs: dict[str, list[dict[str, Any]]] = {s.kind: [] for s in servers}
+    for rep in range(args.repeats):
+        specs = prompts.specs(name, n, run_seed(name, c, rep))
+        for position, server in enumerate(ordered(servers, rep)):
+            r = run_summary(drive(server, specs, c, args.run_timeout), rep, position)
+            runs[server.kind].append(r)
+            print(
+                f"{server.kind:>7} {key:<22} rep {rep} {r['output_throughput']:9.1f} tok/s  "
+                f"TTFT {r['ttft_ms']:8.1f} ms  TPOT {r['tpot_ms']:7.2f} ms"
+                + (f"  FAILED {r['failed']}" if r["failed"] else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+    for kind, rs in runs.items():
+        doc["results"][kind][key] = point_summary(rs, n)
+    line = "  ".join(
+        f"{kind} {doc['results'][kind][key]['output_throughput']:.1f}" for kind in runs
+    )
+    r = ratios(doc["results"]).get(key)
+    tail = f"  ratio {r['of_medians']:.2f} (paired {r['median_paired']:.2f})" if r else ""
+    print(f" median {key:<22} {line} tok/s{tail}", file=sys.stderr, flush=True)
