@@ -53,12 +53,14 @@ async def stream_request(
                     rec.output_tokens = chunk["usage"].get("completion_tokens", 0)
                 for c in chunk.get("choices") or []:
                     piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-                    if piece:
+                    # A finish chunk counts only if nothing came before (all-empty text,
+                    # e.g. a random-weight model emitting ids without text).
+                    if piece or (c.get("finish_reason") and not rec.chunk_times):
                         now = time.perf_counter() - start
                         if not rec.chunk_times:
                             rec.ttft = now
                         rec.chunk_times.append(now)
-                        text.append(piece)
+                        text.append(piece or "")
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         rec.error = type(e).__name__
         return rec, ""
