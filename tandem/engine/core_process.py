@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import traceback
 from typing import Any
 
@@ -87,6 +88,8 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
             try:
                 outputs += _encode(engine.step())
             except Exception:
+                sys.stderr.write(traceback.format_exc())
+                sys.stderr.flush()
                 outbox.send(pack(["fatal", traceback.format_exc()]))
                 outbox.close(linger=2000)
                 os._exit(1)

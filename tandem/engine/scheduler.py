@@ -282,11 +282,19 @@ class Scheduler:
 
     def _admit(self) -> None:
         cfg = self.config
+        # Prompts admitted in this step: their KV is not written yet, so a request sharing a
+        # long prefix with one of them waits a step and then hits instead of recomputing.
+        batch = RadixTree()
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             tokens = req.token_ids()
             match = self.tree.match(tokens, len(tokens) - 1) if cfg.prefix_cache else None
             hit = match.length if match is not None else 0
+            waits = match is not None and batch.match(tokens, len(tokens) - 1).length >= (
+                hit + cfg.capacity_chunk
+            )
+            if waits:
+                break
             row, adopt, move_to = self._pick_row(match)
             if row is None:
                 break  # every row is owned
@@ -334,6 +342,8 @@ class Scheduler:
             req.num_computed = hit
             self.running[req.request_id] = req
             self._grant(cap, self.rows.span)
+            if match is not None:
+                batch.insert(tokens, len(batch.row_tail))
 
     def _pick_row(self, match: Match | None) -> tuple[int | None, bool, int | None]:
         """The row for a request: (row, adopt, move_to). The decode batch spans rows 0 to

@@ -135,6 +135,9 @@ class KVPool:
                     new = mx.zeros((rows * h, cap, d), dtype=self.shape.dtype)
                     if keep:
                         new[: keep * h, : self.capacity, :] = store[i][: keep * h]
+                    # One layer at a time, so the old and new buffers of all layers are never
+                    # alive together (growth only happens in fresh steps: nothing in flight).
+                    mx.eval(new)
                     if i < len(store):
                         store[i] = new
                     else:
