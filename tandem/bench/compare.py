@@ -46,6 +46,7 @@ import httpx
 from tandem.bench.datasets import RequestSpec, TextMaker
 from tandem.bench.serve_client import run
 from tandem.bench.serve_metrics import compute
+from tandem.runner.blas import CANDIDATES as BLAS_CANDIDATES
 from tandem.testing.live_server import free_port
 
 SERVERS = ("tandem", "mlx_lm")
@@ -149,8 +150,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
+def peer_env(kind: str, env: dict[str, str]) -> dict[str, str]:
+    """mlx_lm.server gets the optimized BLAS Tandem preloads for itself (Linux CPU backend),
+    so a CPU comparison measures serving, not BLAS builds."""
+    if kind != "mlx_lm" or not sys.platform.startswith("linux") or "LD_PRELOAD" in env:
+        return env
+    for path in BLAS_CANDIDATES:
+        if os.path.exists(path):
+            return {**env, "LD_PRELOAD": path}
+    return env
+
+
 def launch(kind: str, cmd: list[str], port: int, log: Path, env: dict[str, str]) -> Server:
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = peer_env(kind, env)
     with log.open("w") as f:
         proc = subprocess.Popen(
             cmd,

@@ -143,6 +143,7 @@ class KVPool:
                     else:
                         store.append(new)
         self.num_rows, self.capacity = rows, cap
+        mx.clear_cache()  # the old buffers' memory goes back to the device, not MLX's cache
 
     def _record(self, layer: int, write: _Write) -> None:
         for s in range(self.num_sets):
