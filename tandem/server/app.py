@@ -60,21 +60,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     metrics = Metrics()
     max_model_len = int(client.info.get("max_model_len", 0))
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if settings.api_key is not None and request.url.path != "/health":
-            auth = request.headers.get("authorization", "")
-            token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
-                return error_response(
-                    RequestError("invalid API key", status=401, kind="authentication_error")
-                )
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return error_response(
-                RequestError(f"request body exceeds {settings.max_body_bytes} bytes", status=413)
-            )
-        return await call_next(request)
+    app.add_middleware(_Guard, settings=settings)
 
     async def read_json(request: Request) -> Any:
         raw = await request.body()
@@ -399,6 +385,36 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         return {"status": "running"}
 
     return app
+
+
+class _Guard:
+    """API key and body-size checks as a plain ASGI middleware (Starlette's
+    ``BaseHTTPMiddleware`` hides client disconnects from ``request.is_disconnected()``, so
+    a non-streaming request would run on after its client left)."""
+
+    def __init__(self, app: Any, settings: ServerSettings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            error = self._check(Request(scope))
+            if error is not None:
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, request: Request) -> RequestError | None:
+        settings = self.settings
+        if settings.api_key is not None and request.url.path != "/health":
+            auth = request.headers.get("authorization", "")
+            token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
+                return RequestError("invalid API key", status=401, kind="authentication_error")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return RequestError(f"request body exceeds {settings.max_body_bytes} bytes", status=413)
+        return None
 
 
 async def _watch_disconnect(request: Request) -> None:
