@@ -68,6 +68,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
         kv_budget_tokens=budget,
         row_chunk=ROW_STEP,
         prefix_cache=config.prefix_cache,

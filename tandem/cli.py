@@ -52,6 +52,7 @@ def _engine_config(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        prefill_chunk_while_decoding=args.prefill_chunk_while_decoding,
         kv_memory_fraction=args.kv_memory_fraction,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
@@ -91,6 +92,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--prefill-chunk-while-decoding",
+        type=int,
+        default=512,
+        help="prefill tokens per step while requests are decoding (0: no extra limit)",
+    )
     p.add_argument("--kv-memory-fraction", type=float, default=0.5)
     p.add_argument(
         "--no-prefix-cache",

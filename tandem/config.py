@@ -13,6 +13,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length
     max_num_batched_tokens: int = 2048
+    prefill_chunk_while_decoding: int = 512  # 0: always the whole max_num_batched_tokens
     kv_memory_fraction: float = 0.5  # of the memory available after loading the weights
     kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
@@ -26,6 +27,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.prefill_chunk_while_decoding < 0:
+            raise ValueError("prefill_chunk_while_decoding must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if not 0 < self.kv_memory_fraction <= 1:

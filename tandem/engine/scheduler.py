@@ -23,6 +23,10 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_model_len: int = 4096
     max_num_batched_tokens: int = 2048
+    # Prefill tokens per step while any request is decoding (0: no extra limit): a step that
+    # carries a big chunk stalls every stream for its duration, so chunks shrink when there
+    # are streams to stall and use the whole budget when there are none.
+    prefill_chunk_while_decoding: int = 512
     # Bound on the KV the runner holds: rows (rounded up to row_chunk) x row capacity.
     kv_budget_tokens: int = 1 << 20
     capacity_chunk: int = 256
@@ -141,7 +145,12 @@ class Scheduler:
         chunks under the token budget, all decodes. Nothing is in flight when it runs."""
         self._fit()
         self._admit()
-        budget = self.config.max_num_batched_tokens
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        if cfg.prefill_chunk_while_decoding and any(
+            r.status is RequestStatus.DECODE for r in self.running.values()
+        ):
+            budget = min(budget, cfg.prefill_chunk_while_decoding)
         chunks: list[PrefillChunk] = []
         for req in self.running.values():
             if req.status is not RequestStatus.PREFILL:

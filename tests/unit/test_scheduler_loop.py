@@ -261,3 +261,19 @@ def test_abort_of_waiting_request_reports_abort():
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_prefill_chunks_shrink_while_streams_decode():
+    engine, runner = make_engine(True, max_num_batched_tokens=64, prefill_chunk_while_decoding=8)
+    engine.add_request([1] * 100, SamplingParams(max_tokens=40, ignore_eos=True), "a")
+    engine.step()
+    first = [len(c.token_ids) for p in runner.launched for c in p.chunks]
+    assert first[0] == 64  # nothing decodes yet: the whole budget
+    while engine.scheduler.running["a"].status.name != "DECODE":
+        engine.step()
+    engine.add_request([2] * 100, SamplingParams(max_tokens=5, ignore_eos=True), "b")
+    before = len(runner.launched)
+    while engine.has_unfinished():
+        engine.step()
+    later = [len(c.token_ids) for p in runner.launched[before:] for c in p.chunks]
+    assert later and max(later) <= 8 and sum(later) == 99
