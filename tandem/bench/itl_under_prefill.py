@@ -121,6 +121,8 @@ def main() -> int:
                         print(json.dumps(r), file=sys.stderr)
                         if rep:
                             results["runs"][s.kind].append(r)
+                            out.parent.mkdir(parents=True, exist_ok=True)
+                            out.write_text(json.dumps(results, indent=2))
         finally:
             stop_all(servers)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +130,8 @@ def main() -> int:
     for kind in kinds:
         for label in ("baseline", "with_long"):
             rs = [r for r in results["runs"][kind] if r["label"] == label]
+            if not rs:
+                continue
             med = sorted(r["itl_median_ms"] for r in rs)[len(rs) // 2]
             p99 = sorted(r["itl_p99_ms"] for r in rs)[len(rs) // 2]
             print(f"{kind:7s} {label:9s} ITL median {med:7.2f} ms  p99 {p99:8.2f} ms")
