@@ -95,8 +95,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument(
         "--prefill-chunk-while-decoding",
         type=int,
-        default=512,
-        help="prefill tokens per step while requests are decoding (0: no extra limit)",
+        default=0,
+        help="prefill tokens per step while requests are decoding (0: no extra limit; "
+        "512 measured worse on the H200, docs/benchmarks.md)",
     )
     p.add_argument("--kv-memory-fraction", type=float, default=0.5)
     p.add_argument(

@@ -13,7 +13,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length
     max_num_batched_tokens: int = 2048
-    prefill_chunk_while_decoding: int = 512  # 0: always the whole max_num_batched_tokens
+    prefill_chunk_while_decoding: int = 0  # 0: always the whole max_num_batched_tokens
     kv_memory_fraction: float = 0.5  # of the memory available after loading the weights
     kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with

@@ -23,10 +23,10 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_model_len: int = 4096
     max_num_batched_tokens: int = 2048
-    # Prefill tokens per step while any request is decoding (0: no extra limit): a step that
-    # carries a big chunk stalls every stream for its duration, so chunks shrink when there
-    # are streams to stall and use the whole budget when there are none.
-    prefill_chunk_while_decoding: int = 512
+    # Prefill tokens per step while any request is decoding (0: no extra limit). Smaller
+    # chunks stall the streams for less per step, but more steps carry one: on the H200 512
+    # raised both the ITL median and p99 and the long prompts' TTFT (docs/benchmarks.md).
+    prefill_chunk_while_decoding: int = 0
     # Bound on the KV the runner holds: rows (rounded up to row_chunk) x row capacity.
     kv_budget_tokens: int = 1 << 20
     capacity_chunk: int = 256
