@@ -173,3 +173,24 @@ def test_eos_stops_generation_and_is_not_in_text(tiny_model_dir):
     assert out.token_ids == ref[: ref.index(eos) + 1]
     assert out.finish_reason == "stop"
     assert out.text == llm.tokenizer.decode(out.token_ids[:-1])
+
+
+def test_tiny_pool_evicts_retracts_and_resumes_token_exact(tiny_model_dir):
+    """A KV budget of 16 rows x 512 positions: 60 requests with shared prefixes, a few with
+    400-token outputs, so cached rows are evicted and moved, growth past 512 positions
+    retracts running requests (16 rows x 768 would overflow), and they resume from the cache
+    or by recomputing — all token-exact."""
+    path = tiny_model_dir("qwen3")
+    llm = LLM(str(path), kv_budget_tokens=16 * 512, check_invariants=True, max_num_seqs=16)
+    rng = random.Random(3)
+    shared = [rng.randrange(3, 400) for _ in range(150)]
+    prompts, params = [], []
+    for i in range(60):
+        tail = [rng.randrange(3, 400) for _ in range(rng.randint(1, 40))]
+        prompts.append(shared[: rng.randint(20, 150)] + tail if i % 2 else tail)
+        params.append(greedy(rng.randint(5, 60) if i % 7 else 400))
+    outs = llm.generate(prompts, params)
+    for p, sp, o in zip(prompts, params, outs, strict=True):
+        assert o.token_ids == reference(path, p, sp.max_tokens)
+    stats = llm.engine.scheduler.stats
+    assert stats.retractions > 0 and stats.evictions > 0 and stats.hit_tokens > 0
