@@ -68,6 +68,7 @@ class Scheduler:
         self._step_id = 0
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts)
         self._copies: list[RowCopy] = []
+        self._blocked = False  # the queue head waits for rows or KV budget
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -97,6 +98,7 @@ class Scheduler:
         for req in self.waiting:
             if req.request_id == request_id:
                 self.waiting.remove(req)
+                self._blocked = False
                 self._finish(req, "abort")
                 return True
         req = self.running.get(request_id)
@@ -108,9 +110,15 @@ class Scheduler:
 
     # ---- queries ------------------------------------------------------------------------
     def needs_prefill(self) -> bool:
-        return bool(self.waiting) or any(
-            r.status is RequestStatus.PREFILL for r in self.running.values()
+        """Whether a fresh step has work a chained one cannot do: a prefilling request, or a
+        queued one that could be admitted now (a queue blocked on rows or KV budget does not
+        break chains; a release, abort or retraction unblocks it)."""
+        admissible = (
+            bool(self.waiting)
+            and not self._blocked
+            and len(self.running) < self.config.max_num_seqs
         )
+        return admissible or any(r.status is RequestStatus.PREFILL for r in self.running.values())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
@@ -209,7 +217,11 @@ class Scheduler:
                 if len(req.output_token_ids) + req.num_inflight >= req.params.max_tokens:
                     return None
             reqs.append(req)
-        positions = [p + 1 for p in parent.positions]
+        # Live rows advance; holes stay where they are (a rewrite of an unclaimed position).
+        positions = [
+            p + 1 if rid is not None else p
+            for p, rid in zip(parent.positions, parent.row_request_ids, strict=True)
+        ]
         if max(positions) >= self.capacity:
             return None  # rows must grow: a scheduling decision (budget, retraction)
         return self._launch(
@@ -291,6 +303,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         cfg = self.config
+        self._blocked = False
         # Prompts admitted in this step: their KV is not written yet, so a request sharing a
         # long prefix with one of them waits a step and then hits instead of recomputing.
         batch = RadixTree()
@@ -306,6 +319,7 @@ class Scheduler:
                 break
             row, adopt, move_to = self._pick_row(match)
             if row is None:
+                self._blocked = True
                 break  # every row is owned
             live = [r for r in self.running.values() if not r.finished] + [req]
             cap = self._capacity_for(live)
@@ -313,6 +327,7 @@ class Scheduler:
             if self._memory(span, cap) > cfg.kv_budget_tokens:
                 top = self._evictable_top(exclude=row if adopt else None)
                 if top is None:
+                    self._blocked = True
                     break  # wait for running requests to finish
                 self._evict(top)
                 continue
@@ -381,9 +396,11 @@ class Scheduler:
         return row, False, None
 
     def _evictable_top(self, exclude: int | None) -> int | None:
-        """The topmost cached row above every owned row (evicting it shrinks the pool)."""
+        """The topmost cached row above every owned row (evicting it shrinks the pool) that
+        no copy planned for this step still has to read."""
         hw = self.rows.high_water
-        above = [r for r in self.rows.cached if r >= hw and r != exclude]
+        sources = {c.src for c in self._copies}
+        above = [r for r in self.rows.cached if r >= hw and r != exclude and r not in sources]
         return max(above, default=None)
 
     def _evict(self, row: int) -> None:
@@ -458,6 +475,7 @@ class Scheduler:
         if not (req.finished and req.num_inflight == 0 and req.row is not None):
             return
         row = req.row
+        self._blocked = False
         self._unlock(req)
         # capacity - 1: a cached row inside the decode batch needs one spare position.
         keep = min(req.num_computed, req.num_tokens, self.capacity - 1)

@@ -113,7 +113,7 @@ class ModelRunner:
             needed_rows = max(
                 [plan.num_rows, plan.kv_rows]
                 + [c.row + 1 for c in plan.chunks]
-                + [c.dst + 1 for c in plan.copies]
+                + [max(c.src, c.dst) + 1 for c in plan.copies]
             )
             self.kv.begin_step(needed_rows, plan.capacity)
             for c in plan.copies:

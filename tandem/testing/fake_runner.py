@@ -57,6 +57,7 @@ class FakeRunner:
         self.launched.append(plan)
         self._grow(plan)
         for c in plan.copies:
+            assert c.src < max(plan.kv_rows, plan.num_rows), "copy from a row the plan drops"
             src = self.kv[c.src][: c.length]
             assert len(src) == c.length and None not in src, "copy of unwritten KV"
             self._row(c.dst)[: c.length] = src

@@ -187,10 +187,13 @@ def test_chain_keeps_two_steps_in_flight_for_pure_decode():
         outs += engine.step()
     chained = [p for p in runner.launched if p.chained]
     assert len(chained) >= 15
-    # Every chained step advanced positions by exactly one over its parent.
+    # Every chained step advanced each live row by exactly one over its parent.
     for prev, plan in zip(runner.launched, runner.launched[1:], strict=False):
         if plan.chained:
-            assert plan.positions == tuple(p + 1 for p in prev.positions)
+            assert plan.positions == tuple(
+                p + 1 if rid is not None else p
+                for p, rid in zip(prev.positions, prev.row_request_ids, strict=True)
+            )
 
 
 def test_no_step_is_wasted_past_max_tokens():
@@ -277,3 +280,59 @@ def test_prefill_chunks_shrink_while_streams_decode():
         engine.step()
     later = [len(c.token_ids) for p in runner.launched[before:] for c in p.chunks]
     assert later and max(later) <= 8 and sum(later) == 99
+
+
+def test_copy_source_is_not_evicted_by_a_later_admission_in_the_same_step():
+    """A hits a cached row (copied: it sits above the batch); B's admission then needs a
+    bigger capacity and evicts top cached rows, which must not include A's copy source."""
+    engine, _ = make_engine(
+        False,
+        max_num_seqs=4,
+        num_rows=4,
+        max_model_len=64,
+        capacity_chunk=16,
+        row_chunk=1,
+        kv_budget_tokens=160,
+    )
+    prompts = {i: [10 * i + 1, 10 * i + 2, 10 * i + 3, 10 * i + 4] for i in range(4)}
+    for i, p in prompts.items():
+        engine.add_request(p, SamplingParams(max_tokens=2, ignore_eos=True, seed=i), f"w{i}")
+    while engine.has_unfinished():
+        engine.step()
+    a = prompts[3] + [500, 501]
+    b = list(range(100, 130))
+    engine.add_request(a, SamplingParams(max_tokens=2, ignore_eos=True, seed=9), "A")
+    engine.add_request(b, SamplingParams(max_tokens=10, ignore_eos=True, seed=8), "B")
+    got: dict[str, list[int]] = {"A": [], "B": []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        engine.check_invariants()
+    assert got["A"] == expected_tokens(9, a, SamplingParams(max_tokens=2))[0]
+    assert got["B"] == expected_tokens(8, b, SamplingParams(max_tokens=10))[0]
+
+
+def test_a_queue_blocked_on_rows_does_not_break_chains():
+    engine, runner = make_engine(True, max_num_seqs=4)
+    for i in range(5):
+        engine.add_request([1, 2, i], SamplingParams(max_tokens=40, ignore_eos=True, seed=i))
+    for _ in range(30):
+        engine.step()
+    assert len(engine.scheduler.waiting) == 1  # the fifth waits for a row...
+    assert sum(p.chained for p in runner.launched[-20:]) >= 15  # ...without stopping chains
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_invariants()
+
+
+def test_a_cached_row_at_full_capacity_inside_the_batch_does_not_stop_chains():
+    engine, runner = make_engine(True, max_num_seqs=4, capacity_chunk=16, row_chunk=1)
+    # Q fills its whole capacity and leaves a cached row at length capacity - 1 at row 0.
+    engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=8, ignore_eos=True), "q")
+    engine.add_request([7, 7], SamplingParams(max_tokens=12, ignore_eos=True), "b")
+    while "q" in engine.scheduler.running:
+        engine.step()
+    before = len(runner.launched)
+    while engine.has_unfinished():
+        engine.step()
+    assert sum(p.chained for p in runner.launched[before:]) >= 2
