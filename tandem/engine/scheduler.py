@@ -324,6 +324,9 @@ class Scheduler:
             live = [r for r in self.running.values() if not r.finished] + [req]
             cap = self._capacity_for(live)
             span = max(self.rows.span, row + 1, (move_to or 0) + 1)
+            if move_to is not None and self._memory(span, cap) > cfg.kv_budget_tokens:
+                move_to = None  # no room to keep the cached KV in the way: evict it instead
+                span = max(self.rows.span, row + 1)
             if self._memory(span, cap) > cfg.kv_budget_tokens:
                 top = self._evictable_top(exclude=row if adopt else None)
                 if top is None:

@@ -336,3 +336,30 @@ def test_a_cached_row_at_full_capacity_inside_the_batch_does_not_stop_chains():
     while engine.has_unfinished():
         engine.step()
     assert sum(p.chained for p in runner.launched[before:]) >= 2
+
+
+def test_cached_row_in_the_way_is_evicted_when_moving_it_would_overflow_the_budget():
+    engine, _ = make_engine(
+        True,
+        max_num_seqs=4,
+        num_rows=8,
+        max_model_len=128,
+        capacity_chunk=16,
+        row_chunk=1,
+        kv_budget_tokens=3 * 128,
+    )
+    engine.add_request([1] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "A")
+    engine.add_request([2] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "X")
+    engine.add_request([3] * 100, SamplingParams(max_tokens=20, ignore_eos=True), "B")
+    sched = engine.scheduler
+    for _ in range(6):
+        engine.step()
+    assert sched.rows.cached == {0, 1} and sched.running["B"].row == 2
+    engine.add_request([4] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "N")
+    engine.step()
+    engine.step()
+    assert all(r.request_id != "N" for r in sched.waiting)  # not stuck behind B
+    assert "B" in sched.running
+    while engine.has_unfinished():
+        engine.step()
+        engine.check_invariants()
