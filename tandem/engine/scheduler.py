@@ -69,6 +69,7 @@ class Scheduler:
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts)
         self._copies: list[RowCopy] = []
         self._blocked = False  # the queue head waits for rows or KV budget
+        self._waiting_ids: set[str] = set()
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -87,17 +88,17 @@ class Scheduler:
                 f"request needs {request.max_len} KV tokens, which cannot fit the KV budget "
                 f"({cfg.kv_budget_tokens} tokens) even alone"
             )
-        if request.request_id in self.running or any(
-            r.request_id == request.request_id for r in self.waiting
-        ):
+        if request.request_id in self.running or request.request_id in self._waiting_ids:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.waiting.append(request)
+        self._waiting_ids.add(request.request_id)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its row is freed once no in-flight step references it."""
-        for req in self.waiting:
+        for req in self.waiting if request_id in self._waiting_ids else ():
             if req.request_id == request_id:
                 self.waiting.remove(req)
+                self._waiting_ids.discard(request_id)
                 self._blocked = False
                 self._finish(req, "abort")
                 return True
@@ -335,6 +336,7 @@ class Scheduler:
                 self._evict(top)
                 continue
             self.waiting.popleft()
+            self._waiting_ids.discard(req.request_id)
             if req.num_retractions == 0:
                 self.stats.queried_tokens += req.num_prompt_tokens
                 self.stats.hit_tokens += hit
@@ -425,6 +427,7 @@ class Scheduler:
         self.stats.retractions += 1
         del self.running[req.request_id]
         self.waiting.appendleft(req)
+        self._waiting_ids.add(req.request_id)
 
     def _unlock(self, req: Request) -> None:
         if req.lock_node is not None:
@@ -496,6 +499,7 @@ class Scheduler:
         waiting_ids = [r.request_id for r in self.waiting]
         assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"
         assert not set(waiting_ids) & self.running.keys(), "a request is in two states"
+        assert set(waiting_ids) == self._waiting_ids, "waiting index out of sync"
         refs: dict[str, int] = {}
         for plan in inflight:
             for rid in plan.request_ids:
