@@ -80,5 +80,6 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         overlap=config.overlap,
         check_invariants=config.check_invariants,
         seed=config.seed,
+        vocab_size=runner.vocab_size,
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)

@@ -27,6 +27,7 @@ def unpack(data: bytes) -> list[Any]:
 def params_to_dict(params: SamplingParams) -> dict[str, Any]:
     d = asdict(params)
     d["stop_token_ids"] = list(params.stop_token_ids)
+    d["logit_bias"] = [list(p) for p in params.logit_bias]
     return d
 
 

@@ -21,9 +21,27 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    min_p: float = 0.0
+    # token id -> added logit (a dict or (id, bias) pairs; kept as sorted pairs)
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) cannot end output before this
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias or ()
+        pairs = bias.items() if isinstance(bias, dict) else bias
+        try:
+            norm = tuple(sorted((t, b) for t, b in pairs))
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        for t, b in norm:
+            _check_int("logit_bias", t, minimum=0)
+            _check_float("logit_bias", b)
+            if not -100 <= b <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {b}")
+        if len({t for t, _ in norm}) != len(norm):
+            raise ValueError("logit_bias lists a token id twice")
+        object.__setattr__(self, "logit_bias", tuple((t, float(b)) for t, b in norm))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check_int("max_tokens", self.max_tokens, minimum=1)
@@ -40,6 +58,14 @@ class SamplingParams:
             _check_int("stop_token_ids", t, minimum=0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        _check_float("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_int("min_tokens", self.min_tokens, minimum=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
 
     @property
     def greedy(self) -> bool:

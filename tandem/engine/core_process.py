@@ -70,7 +70,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                 try:
                     engine.add_request(prompt, params_from_dict(params), rid)
                 except ValueError as e:
-                    outputs.append([rid, [], "error", str(e)])
+                    outputs.append([rid, [], "error", str(e), None])
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "pause":

@@ -26,12 +26,14 @@ class Engine:
         overlap: bool = True,
         check_invariants: bool = False,
         seed: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.scheduler = Scheduler(scheduler_config)
         self.loop = OverlapLoop(
             self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
         )
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
         self._ids = itertools.count()
         self._rng = random.Random(seed)
 
@@ -42,6 +44,12 @@ class Engine:
         request_id: str | None = None,
     ) -> str:
         """Queue a request; raises ValueError if it can never be served."""
+        if self.vocab_size is not None:
+            bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"logit_bias token id {bad[0]} is out of range [0, {self.vocab_size})"
+                )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:

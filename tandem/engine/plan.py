@@ -38,10 +38,21 @@ class RowSampling:
     top_k: tuple[int, ...]
     top_p: tuple[float, ...]
     seed: tuple[int, ...]
+    min_p: tuple[float, ...] = ()  # empty: 0 for every row
+    # Sparse per-row logit edits: (row, token, bias) added to the logits; (row, token) pairs
+    # masked while the row's position is below min_position[row] (min_tokens).
+    logit_bias: tuple[tuple[int, int, float], ...] = ()
+    min_position: tuple[int, ...] = ()
+    suppress: tuple[tuple[int, int], ...] = ()
 
     @property
     def all_greedy(self) -> bool:
         return all(t == 0 for t in self.temperature)
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether any row changes its logits before sampling (greedy rows included)."""
+        return bool(self.logit_bias or self.suppress)
 
 
 @dataclass(frozen=True)

@@ -546,11 +546,31 @@ class Scheduler:
 
 
 def _row_sampling(reqs: list[Request | None]) -> RowSampling:
-    temps, ks, ps, seeds = [], [], [], []
-    for req in reqs:
+    temps, ks, ps, seeds, min_ps, min_pos = [], [], [], [], [], []
+    bias: list[tuple[int, int, float]] = []
+    suppress: list[tuple[int, int]] = []
+    for row, req in enumerate(reqs):
         p = req.params if req is not None else None
         temps.append(p.temperature if p else 0.0)
         ks.append(p.top_k if p else 0)
         ps.append(p.top_p if p else 1.0)
         seeds.append(req.seed if req is not None else 0)
-    return RowSampling(tuple(temps), tuple(ks), tuple(ps), tuple(seeds))
+        min_ps.append(p.min_p if p else 0.0)
+        limit = 0
+        if req is not None and p is not None:
+            bias.extend((row, t, b) for t, b in p.logit_bias)
+            if p.min_tokens and req.stop_ids:
+                # Output i is sampled at position prompt_len - 1 + i.
+                limit = req.num_prompt_tokens - 1 + p.min_tokens
+                suppress.extend((row, t) for t in sorted(req.stop_ids))
+        min_pos.append(limit)
+    return RowSampling(
+        tuple(temps),
+        tuple(ks),
+        tuple(ps),
+        tuple(seeds),
+        min_p=tuple(min_ps) if any(min_ps) else (),
+        logit_bias=tuple(bias),
+        min_position=tuple(min_pos) if suppress else (),
+        suppress=tuple(suppress),
+    )

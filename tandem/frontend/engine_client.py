@@ -123,6 +123,14 @@ class EngineClient:
         await self._push.send(pack(["resume"]))
 
     async def _read_outputs(self) -> None:
+        try:
+            await self._read_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a reader that dies silently would hang every request
+            self._die(f"engine output could not be read: {e!r}")
+
+    async def _read_loop(self) -> None:
         while True:
             msg = unpack(await self._pull.recv())
             if msg[0] == "fatal":

@@ -126,7 +126,9 @@ class ModelRunner:
                 tokens_in = mx.array(plan.input_tokens, dtype=mx.int32)
                 sampling = make_sampling_arrays(plan.sampling, self.vocab_size)
             # Positions go to the device only when something needs them (ragged rows, noise).
-            positions = None if sampling.all_greedy else mx.array(plan.positions, dtype=mx.int32)
+            positions = (
+                mx.array(plan.positions, dtype=mx.int32) if sampling.needs_positions else None
+            )
             caches = self.kv.batch_caches(plan.positions, positions)
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             tokens = sample(logits, sampling, positions)

@@ -1,4 +1,5 @@
-"""In-graph batched sampling: greedy, temperature, top-k, top-p with per-row seeds.
+"""In-graph batched sampling: greedy, temperature, top-k, top-p, min-p with per-row seeds, and
+sparse logit edits (logit_bias; stop tokens masked until min_tokens).
 
 Everything is an MLX op on the step's logits, so a chained step samples without the host.
 Randomness is a counter-based hash of (row seed, position, vocab index) fed to Gumbel-max:
@@ -7,6 +8,7 @@ a row's tokens depend only on its own seed and inputs, never on its batchmates.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -26,11 +28,41 @@ class SamplingArrays:
     top_k: mx.array | None = None  # (R, 1) int32, vocab size when disabled
     top_p: mx.array | None = None  # (R, 1)
     seed: mx.array | None = None  # (R, 1) uint32
+    log_min_p: mx.array | None = None  # (R, 1); -inf where min_p is 0
+    # Sparse edits: flat indices row * V + token into the (R, V) logits.
+    bias_index: mx.array | None = None
+    bias_value: mx.array | None = None
+    suppress_index: mx.array | None = None
+    suppress_row: mx.array | None = None
+    min_position: mx.array | None = None  # (R,)
+
+    @property
+    def edits(self) -> bool:
+        return self.bias_index is not None or self.suppress_index is not None
+
+    @property
+    def needs_positions(self) -> bool:
+        return not self.all_greedy or self.suppress_index is not None
+
+
+def _edits(s: RowSampling, vocab_size: int) -> dict[str, mx.array]:
+    out: dict[str, mx.array] = {}
+    bias = [(r * vocab_size + t, b) for r, t, b in s.logit_bias if t < vocab_size]
+    if bias:
+        out["bias_index"] = mx.array([i for i, _ in bias], dtype=mx.int32)
+        out["bias_value"] = mx.array([b for _, b in bias], dtype=mx.float32)
+    sup = [(r, t) for r, t in s.suppress if t < vocab_size]
+    if sup:
+        out["suppress_index"] = mx.array([r * vocab_size + t for r, t in sup], dtype=mx.int32)
+        out["suppress_row"] = mx.array([r for r, _ in sup], dtype=mx.int32)
+        out["min_position"] = mx.array(s.min_position, dtype=mx.int32)
+    return out
 
 
 def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
+    edits = _edits(s, vocab_size) if s.edits_logits else {}
     if s.all_greedy:
-        return SamplingArrays(True, False, False)
+        return SamplingArrays(True, False, False, **edits)
     any_k = any(0 < k < vocab_size for k, t in zip(s.top_k, s.temperature, strict=True) if t > 0)
     any_p = any(p < 1.0 for p, t in zip(s.top_p, s.temperature, strict=True) if t > 0)
     ks = [k if 0 < k < vocab_size else vocab_size for k in s.top_k]
@@ -43,7 +75,28 @@ def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
         top_k=mx.array(ks, dtype=mx.int32)[:, None],
         top_p=mx.array(s.top_p, dtype=mx.float32)[:, None],
         seed=mx.array([x & 0xFFFFFFFF for x in s.seed], dtype=mx.uint32)[:, None],
+        log_min_p=(
+            mx.array([math.log(p) if p > 0 else -math.inf for p in s.min_p])[:, None]
+            if s.min_p and any(p > 0 for p, t in zip(s.min_p, s.temperature, strict=True) if t > 0)
+            else None
+        ),
+        **edits,
     )
+
+
+def apply_edits(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> mx.array:
+    """Add each row's logit_bias; mask its stop tokens while it is below min_tokens."""
+    if not s.edits:
+        return logits
+    rows, vocab = logits.shape
+    flat = logits.astype(mx.float32).reshape(-1)
+    if s.bias_index is not None:
+        flat = flat.at[s.bias_index].add(s.bias_value)
+    if s.suppress_index is not None:
+        assert positions is not None and s.min_position is not None
+        early = (positions < s.min_position)[s.suppress_row]
+        flat = flat.at[s.suppress_index].add(mx.where(early, -mx.inf, 0.0))
+    return flat.reshape(rows, vocab)
 
 
 def _mix(x: mx.array) -> mx.array:
@@ -64,13 +117,18 @@ def uniform_noise(seed: mx.array, positions: mx.array, vocab_size: int) -> mx.ar
 
 
 def sample(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> mx.array:
-    """logits (R, V) → tokens (R,) uint32. ``positions`` may be None for an all-greedy batch."""
+    """logits (R, V) → tokens (R,) uint32. ``positions`` may be None when
+    ``s.needs_positions`` is False (all greedy, no min_tokens)."""
+    logits = apply_edits(logits, s, positions)
     greedy_tokens = mx.argmax(logits, axis=-1)
     if s.all_greedy:
         return greedy_tokens
     assert positions is not None
     x = logits.astype(mx.float32) * s.inv_temperature
     vocab = x.shape[-1]
+    if s.log_min_p is not None:
+        # p >= min_p * p_max  <=>  x >= x_max + log(min_p)   (x already divided by T)
+        x = mx.where(x >= mx.max(x, axis=-1, keepdims=True) + s.log_min_p, x, -mx.inf)
     if s.any_top_k or s.any_top_p:
         desc = -mx.sort(-x, axis=-1)
         if s.any_top_k:

@@ -110,7 +110,11 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 f"context length ({max_model_len} tokens)",
                 param="max_tokens",
             )
-        return SamplingParams(max_tokens=max_tokens, **req.sampling)
+        try:
+            return SamplingParams(max_tokens=max_tokens, **req.sampling)
+        except ValueError as e:  # e.g. min_tokens above the max_tokens this prompt gets
+            param = "min_tokens" if "min_tokens" in str(e) else None
+            raise RequestError(str(e), param=param) from None
 
     async def run_one(
         prompt_ids: list[int], params: SamplingParams, stops: list[str]

@@ -40,14 +40,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
-    "logit_bias": (None, {}),
     "suffix": (None,),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None,),
     "response_format": (None, {"type": "text"}),
-    "min_p": (None, 0, 0.0),
-    "min_tokens": (None, 0),
 }
 _COMMON = {
     "model",
@@ -59,6 +56,9 @@ _COMMON = {
     "stop",
     "stop_token_ids",
     "ignore_eos",
+    "min_p",
+    "min_tokens",
+    "logit_bias",
     "user",
     "stream",
     "stream_options",
@@ -144,10 +144,24 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
         raise RequestError("'stream_options' supports only include_usage", param="stream_options")
     sampling: dict[str, Any] = {}
-    for key in ("temperature", "top_p"):
+    for key in ("temperature", "top_p", "min_p"):
         if (v := _number(body, key)) is not None:
             sampling[key] = float(v)
-    for key in ("top_k", "seed"):
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(
+            isinstance(k, str)
+            and k.isdigit()
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            for k, v in bias.items()
+        ):
+            raise RequestError(
+                "'logit_bias' must map token ids (as strings) to numbers", param="logit_bias"
+            )
+        sampling["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+    for key in ("top_k", "seed", "min_tokens"):
         if (v := _number(body, key, integer=True)) is not None:
             sampling[key] = v
     ids = body.get("stop_token_ids")
@@ -170,7 +184,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", param="user")
     try:  # validate the values now; max_tokens is set per prompt later
-        SamplingParams(**sampling)
+        SamplingParams(**{**sampling, "max_tokens": max(1, sampling.get("min_tokens", 0))})
     except ValueError as e:
         name = next((k for k in sampling if k in str(e)), None)
         raise RequestError(str(e), param=name) from None

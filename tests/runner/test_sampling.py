@@ -15,17 +15,26 @@ LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0], dtype=np.float32)
 ROWS = 40000
 
 
-def frequencies(temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    s = RowSampling((temperature,) * ROWS, (top_k,) * ROWS, (top_p,) * ROWS, tuple(range(ROWS)))
+def frequencies(temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> np.ndarray:
+    s = RowSampling(
+        (temperature,) * ROWS,
+        (top_k,) * ROWS,
+        (top_p,) * ROWS,
+        tuple(range(ROWS)),
+        min_p=(min_p,) * ROWS,
+    )
     arrays = make_sampling_arrays(s, len(LOGITS))
     logits = mx.broadcast_to(mx.array(LOGITS), (ROWS, len(LOGITS)))
     toks = np.array(sample(logits, arrays, mx.zeros((ROWS,), dtype=mx.int32)))
     return np.bincount(toks, minlength=len(LOGITS)) / ROWS
 
 
-def expected(temperature: float, top_k: int, top_p: float) -> np.ndarray:
+def expected(temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> np.ndarray:
     p = np.exp(LOGITS / temperature)
     p /= p.sum()
+    if min_p:  # vLLM's order: min-p on the tempered distribution, then top-k, top-p
+        p = np.where(p >= min_p * p.max(), p, 0)
+        p /= p.sum()
     order = np.argsort(-p)
     keep = np.zeros_like(p, dtype=bool)
     if top_k:
@@ -46,13 +55,72 @@ def expected(temperature: float, top_k: int, top_p: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_k", "top_p"),
-    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 2, 1.0), (1.0, 0, 0.8), (1.5, 3, 0.9)],
+    ("temperature", "top_k", "top_p", "min_p"),
+    [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 0, 1.0, 0.0),
+        (1.0, 2, 1.0, 0.0),
+        (1.0, 0, 0.8, 0.0),
+        (1.5, 3, 0.9, 0.0),
+        (1.0, 0, 1.0, 0.2),
+        (2.0, 0, 1.0, 0.3),
+    ],
 )
-def test_sampling_frequencies_match_the_filtered_softmax(temperature, top_k, top_p):
+def test_sampling_frequencies_match_the_filtered_softmax(temperature, top_k, top_p, min_p):
     # 40k draws: the standard error of each frequency is < 0.0025; allow 4 sigma.
-    got = frequencies(temperature, top_k, top_p)
-    np.testing.assert_allclose(got, expected(temperature, top_k, top_p), atol=0.01)
+    got = frequencies(temperature, top_k, top_p, min_p)
+    np.testing.assert_allclose(got, expected(temperature, top_k, top_p, min_p), atol=0.01)
+
+
+def test_logit_bias_moves_greedy_and_sampled_rows_alone():
+    # Row 0 greedy with +100 on token 3, row 1 greedy untouched, row 2 sampled with -100 on
+    # the top token: it never appears.
+    s = RowSampling(
+        (0.0, 0.0, 1.0),
+        (0, 0, 0),
+        (1.0, 1.0, 1.0),
+        (1, 2, 3),
+        logit_bias=((0, 3, 100.0), (2, 0, -100.0)),
+    )
+    arrays = make_sampling_arrays(s, len(LOGITS))
+    logits = mx.broadcast_to(mx.array(LOGITS), (3, len(LOGITS)))
+    for pos in range(50):
+        toks = sample(logits, arrays, mx.full((3,), pos, dtype=mx.int32)).tolist()
+        assert toks[0] == 3 and toks[1] == 0 and toks[2] != 0
+
+
+def test_min_tokens_masks_stop_tokens_until_reached_also_in_chained_steps(tiny_model_dir):
+    """EOS pushed to the top by logit_bias: without min_tokens the first token is EOS; with
+    min_tokens = 6 exactly six tokens come first, then EOS ends the output."""
+    path = tiny_model_dir("llama")
+    for overlap in (True, False):
+        llm = LLM(str(path), overlap=overlap)
+        eos = min(llm.tokenizer.eos_token_ids)
+        biased = {"logit_bias": {eos: 100.0}, "temperature": 0.0, "max_tokens": 20}
+        plain = llm.generate([[5, 6, 7]], SamplingParams(**biased))[0]
+        assert plain.token_ids == [eos] and plain.finish_reason == "stop"
+        held = llm.generate([[5, 6, 7]], SamplingParams(min_tokens=6, **biased))[0]
+        assert len(held.token_ids) == 7 and held.token_ids[-1] == eos
+        assert eos not in held.token_ids[:6] and held.finish_reason == "stop"
+        # A batchmate without edits is not affected.
+        ref = llm.generate([[9, 9]], SamplingParams(max_tokens=12, temperature=0))[0]
+        both = llm.generate(
+            [[9, 9], [5, 6, 7]],
+            [SamplingParams(max_tokens=12, temperature=0), SamplingParams(min_tokens=6, **biased)],
+        )
+        assert both[0].token_ids == ref.token_ids and both[1].token_ids == held.token_ids
+
+
+def test_sampling_params_validate_new_fields():
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={1: 200.0})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={-1: 1.0})
+    assert SamplingParams(logit_bias=[[7, 1], [2, -3]]).logit_bias == ((2, -3.0), (7, 1.0))
 
 
 def test_greedy_rows_ignore_noise_in_a_mixed_batch():

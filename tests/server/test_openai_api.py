@@ -165,6 +165,10 @@ def test_64_concurrent_streams_are_token_exact(server, served_model):
         ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
         ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
         ({"prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
+        ({"prompt": "x", "min_p": 2}, 400, "min_p"),
+        ({"prompt": "x", "max_tokens": 3, "min_tokens": 5}, 400, "min_tokens"),
+        ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5": 500}}, 400, "logit_bias"),
     ],
 )
 def test_bad_completion_requests_get_openai_errors(server, body, status, param):
@@ -172,6 +176,21 @@ def test_bad_completion_requests_get_openai_errors(server, body, status, param):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
+
+
+def test_logit_bias_and_min_tokens_over_http(server):
+    c = client(server)
+    forced = c.completions.create(
+        model="tiny",
+        prompt=[5, 6, 7],
+        max_tokens=6,
+        temperature=0,
+        logit_bias={"42": 100},
+        extra_body={"ignore_eos": True, "return_token_ids": True, "min_p": 0.1},
+    )
+    assert forced.choices[0].model_extra["token_ids"] == [42] * 6
+    r = server.post("/v1/completions", json={"prompt": "x", "logit_bias": {str(10**7): 1}})
+    assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
 
 
 def test_context_overflow_names_both_numbers(server):
