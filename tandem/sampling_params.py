@@ -25,6 +25,12 @@ class SamplingParams:
     # token id -> added logit (a dict or (id, bias) pairs; kept as sorted pairs)
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) cannot end output before this
+    # OpenAI's: subtract presence * [count > 0] + frequency * count over generated tokens;
+    # vLLM's repetition_penalty: divide positive / multiply negative logits of every token
+    # seen in the prompt or output.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
@@ -62,6 +68,15 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         _check_int("min_tokens", self.min_tokens, minimum=0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_float(name, getattr(self, name))
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        _check_float("repetition_penalty", self.repetition_penalty)
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
+            )
         if self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
@@ -70,6 +85,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+        )
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

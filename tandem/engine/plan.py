@@ -44,6 +44,8 @@ class RowSampling:
     logit_bias: tuple[tuple[int, int, float], ...] = ()
     min_position: tuple[int, ...] = ()
     suppress: tuple[tuple[int, int], ...] = ()
+    # Penalized rows: (row, presence, frequency, repetition, prompt ids, output ids so far).
+    penalties: tuple[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def all_greedy(self) -> bool:
@@ -52,7 +54,7 @@ class RowSampling:
     @property
     def edits_logits(self) -> bool:
         """Whether any row changes its logits before sampling (greedy rows included)."""
-        return bool(self.logit_bias or self.suppress)
+        return bool(self.logit_bias or self.suppress or self.penalties)
 
 
 @dataclass(frozen=True)

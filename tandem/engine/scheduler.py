@@ -549,6 +549,7 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
     temps, ks, ps, seeds, min_ps, min_pos = [], [], [], [], [], []
     bias: list[tuple[int, int, float]] = []
     suppress: list[tuple[int, int]] = []
+    pens: list[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]]] = []
     for row, req in enumerate(reqs):
         p = req.params if req is not None else None
         temps.append(p.temperature if p else 0.0)
@@ -559,6 +560,17 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
         limit = 0
         if req is not None and p is not None:
             bias.extend((row, t, b) for t, b in p.logit_bias)
+            if p.penalized:
+                pens.append(
+                    (
+                        row,
+                        p.presence_penalty,
+                        p.frequency_penalty,
+                        p.repetition_penalty,
+                        tuple(req.prompt_token_ids) if p.repetition_penalty != 1 else (),
+                        tuple(req.output_token_ids),
+                    )
+                )
             if p.min_tokens and req.stop_ids:
                 # Output i is sampled at position prompt_len - 1 + i.
                 limit = req.num_prompt_tokens - 1 + p.min_tokens
@@ -573,4 +585,5 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
         logit_bias=tuple(bias),
         min_position=tuple(min_pos) if suppress else (),
         suppress=tuple(suppress),
+        penalties=tuple(pens),
     )

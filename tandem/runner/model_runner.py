@@ -11,7 +11,7 @@ import mlx.nn as nn
 
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import ROW_STEP, KVPool, KVShape
-from tandem.runner.sampler import SamplingArrays, make_sampling_arrays, sample
+from tandem.runner.sampler import SamplingArrays, advance, make_sampling_arrays, sample
 
 
 @dataclass
@@ -133,7 +133,7 @@ class ModelRunner:
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             tokens = sample(logits, sampling, positions)
             mx.async_eval(tokens, *self.kv.arrays())
-        return Handle(plan, tokens, sampling)
+        return Handle(plan, tokens, advance(sampling, tokens))
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
         """Cache-only forwards (their logits are never evaluated, so never computed).

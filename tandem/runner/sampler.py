@@ -9,9 +9,10 @@ a row's tokens depend only on its own seed and inputs, never on its batchmates.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
+import numpy as np
 
 from tandem.engine.plan import RowSampling
 
@@ -35,10 +36,23 @@ class SamplingArrays:
     suppress_index: mx.array | None = None
     suppress_row: mx.array | None = None
     min_position: mx.array | None = None  # (R,)
+    # Penalized rows (P of them): their batch rows, parameters (P, 1), output token counts
+    # (P, V) and the prompt's tokens (P, V) bool. Counts advance in the graph with each
+    # sampled token, so a chained step penalizes its parent's token without the host.
+    pen_rows: mx.array | None = None
+    presence: mx.array | None = None
+    frequency: mx.array | None = None
+    repetition: mx.array | None = None
+    counts: mx.array | None = None
+    prompt_seen: mx.array | None = None
 
     @property
     def edits(self) -> bool:
-        return self.bias_index is not None or self.suppress_index is not None
+        return (
+            self.bias_index is not None
+            or self.suppress_index is not None
+            or self.pen_rows is not None
+        )
 
     @property
     def needs_positions(self) -> bool:
@@ -56,6 +70,21 @@ def _edits(s: RowSampling, vocab_size: int) -> dict[str, mx.array]:
         out["suppress_index"] = mx.array([r * vocab_size + t for r, t in sup], dtype=mx.int32)
         out["suppress_row"] = mx.array([r for r, _ in sup], dtype=mx.int32)
         out["min_position"] = mx.array(s.min_position, dtype=mx.int32)
+    if s.penalties:
+        n = len(s.penalties)
+        counts = np.zeros((n, vocab_size), dtype=np.float32)
+        seen = np.zeros((n, vocab_size), dtype=bool)
+        for i, (_, _, _, _, prompt, output) in enumerate(s.penalties):
+            ids = np.asarray([t for t in output if t < vocab_size], dtype=np.int64)
+            np.add.at(counts[i], ids, 1.0)
+            seen[i, [t for t in prompt if t < vocab_size]] = True
+        col = [(p[1], p[2], p[3]) for p in s.penalties]
+        out["pen_rows"] = mx.array([p[0] for p in s.penalties], dtype=mx.int32)
+        out["presence"] = mx.array([c[0] for c in col], dtype=mx.float32)[:, None]
+        out["frequency"] = mx.array([c[1] for c in col], dtype=mx.float32)[:, None]
+        out["repetition"] = mx.array([c[2] for c in col], dtype=mx.float32)[:, None]
+        out["counts"] = mx.array(counts)
+        out["prompt_seen"] = mx.array(seen)
     return out
 
 
@@ -84,12 +113,35 @@ def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
     )
 
 
+def advance(s: SamplingArrays, tokens: mx.array) -> SamplingArrays:
+    """The sampling state of the next (chained) step: penalized rows count their new token."""
+    if s.pen_rows is None:
+        return s
+    assert s.counts is not None
+    n = s.counts.shape[0]
+    one_hot = mx.arange(s.counts.shape[1])[None] == tokens[s.pen_rows][:, None]
+    assert one_hot.shape[0] == n
+    return replace(s, counts=s.counts + one_hot.astype(mx.float32))
+
+
 def apply_edits(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> mx.array:
     """Add each row's logit_bias; mask its stop tokens while it is below min_tokens."""
     if not s.edits:
         return logits
     rows, vocab = logits.shape
-    flat = logits.astype(mx.float32).reshape(-1)
+    logits = logits.astype(mx.float32)
+    if s.pen_rows is not None:
+        assert s.counts is not None and s.prompt_seen is not None
+        old = logits[s.pen_rows]
+        seen = s.prompt_seen | (s.counts > 0)
+        rep = s.repetition
+        new = mx.where(seen, mx.where(old > 0, old / rep, old * rep), old)
+        new = new - s.frequency * s.counts - s.presence * (s.counts > 0)
+        # Scatter into zeros (exact) and select: the input array stays as it is.
+        placed = mx.zeros_like(logits).at[s.pen_rows].add(new)
+        is_pen = mx.zeros((rows, 1), dtype=mx.float32).at[s.pen_rows].add(1.0) > 0
+        logits = mx.where(is_pen, placed, logits)
+    flat = logits.reshape(-1)
     if s.bias_index is not None:
         flat = flat.at[s.bias_index].add(s.bias_value)
     if s.suppress_index is not None:

@@ -34,9 +34,6 @@ class RequestError(ValueError):
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
@@ -58,6 +55,9 @@ _COMMON = {
     "ignore_eos",
     "min_p",
     "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
     "logit_bias",
     "user",
     "stream",
@@ -144,7 +144,14 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
         raise RequestError("'stream_options' supports only include_usage", param="stream_options")
     sampling: dict[str, Any] = {}
-    for key in ("temperature", "top_p", "min_p"):
+    for key in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
         if (v := _number(body, key)) is not None:
             sampling[key] = float(v)
     bias = body.get("logit_bias")

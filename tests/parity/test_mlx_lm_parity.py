@@ -194,3 +194,45 @@ def test_tiny_pool_evicts_retracts_and_resumes_token_exact(tiny_model_dir):
         assert o.token_ids == reference(path, p, sp.max_tokens)
     stats = llm.engine.scheduler.stats
     assert stats.retractions > 0 and stats.evictions > 0 and stats.hit_tokens > 0
+
+
+def _penalized(prompt_len: int, presence: float, frequency: float, repetition: float):
+    """A straightforward reference of the penalties as an mlx-lm logits processor."""
+    import numpy as np
+
+    def proc(tokens, logits):
+        hist = np.array(tokens).astype(np.int64)
+        out = hist[prompt_len:]
+        x = np.array(logits.astype(mx.float32))[0]
+        counts = np.bincount(out, minlength=x.shape[0]).astype(np.float32)
+        seen = counts > 0
+        seen[hist[:prompt_len]] |= repetition != 1
+        rep = np.float32(repetition)
+        x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
+        x = x - np.float32(frequency) * counts - np.float32(presence) * (counts > 0)
+        return mx.array(x.astype(np.float32))[None]
+
+    return proc
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_penalties_match_a_reference_processor(tiny_model_dir, overlap):
+    path = tiny_model_dir("qwen3")
+    if str(path) not in _models:
+        _models[str(path)] = load(str(path))[0]
+    model = _models[str(path)]
+    llm = LLM(str(path), overlap=overlap, check_invariants=True)
+    prompt = [5, 9, 5, 9, 5, 14, 3, 3, 3]
+    cases = [(0.5, 0.3, 1.3), (0.0, 1.5, 1.0), (1.0, 0.0, 1.0), (0.0, 0.0, 1.8)]
+    params = [
+        greedy(30, presence_penalty=p, frequency_penalty=f, repetition_penalty=r)
+        for p, f, r in cases
+    ]
+    plain = greedy(30)
+    outs = llm.generate([prompt] * len(cases) + [prompt], params + [plain])
+    for (p, f, r), o in zip(cases, outs, strict=False):
+        proc = _penalized(len(prompt), p, f, r)
+        gen = generate_step(mx.array(prompt), model, max_tokens=30, logits_processors=[proc])
+        assert o.token_ids == [int(t) for t, _ in gen], (p, f, r)
+        assert o.token_ids != outs[-1].token_ids  # the penalty changed something
+    assert outs[-1].token_ids == reference(path, prompt, 30)

@@ -166,6 +166,8 @@ def test_64_concurrent_streams_are_token_exact(server, served_model):
         ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
         ({"prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
         ({"prompt": "x", "min_p": 2}, 400, "min_p"),
+        ({"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty"),
+        ({"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
         ({"prompt": "x", "max_tokens": 3, "min_tokens": 5}, 400, "min_tokens"),
         ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"5": 500}}, 400, "logit_bias"),
@@ -189,6 +191,17 @@ def test_logit_bias_and_min_tokens_over_http(server):
         extra_body={"ignore_eos": True, "return_token_ids": True, "min_p": 0.1},
     )
     assert forced.choices[0].model_extra["token_ids"] == [42] * 6
+    # A strong frequency penalty stops the forced token from repeating forever.
+    freed = c.completions.create(
+        model="tiny",
+        prompt=[5, 6, 7],
+        max_tokens=6,
+        temperature=0,
+        logit_bias={"42": 3},
+        frequency_penalty=2,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "repetition_penalty": 1.2},
+    )
+    assert freed.choices[0].model_extra["token_ids"].count(42) < 6
     r = server.post("/v1/completions", json={"prompt": "x", "logit_bias": {str(10**7): 1}})
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
 
