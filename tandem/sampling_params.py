@@ -88,9 +88,7 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-        )
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

@@ -66,9 +66,9 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
             msg = unpack(inbox.recv())
             kind = msg[0]
             if kind == "add":
-                _, rid, prompt, params = msg
+                _, rid, prompt, params, follows = msg
                 try:
-                    engine.add_request(prompt, params_from_dict(params), rid)
+                    engine.add_request(prompt, params_from_dict(params), rid, follows=follows)
                 except ValueError as e:
                     outputs.append([rid, [], "error", str(e), None])
             elif kind == "abort":

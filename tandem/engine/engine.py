@@ -42,8 +42,10 @@ class Engine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str | None = None,
+        follows: str | None = None,
     ) -> str:
-        """Queue a request; raises ValueError if it can never be served."""
+        """Queue a request; raises ValueError if it can never be served. ``follows``: the id
+        of a request with the same prompt whose prefill this one should reuse (n > 1)."""
         if self.vocab_size is not None:
             bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
             if bad:
@@ -55,7 +57,7 @@ class Engine:
         if not params.ignore_eos:
             stop |= self.eos_token_ids
         seed = params.seed if params.seed is not None else self._rng.getrandbits(32)
-        req = Request(rid, list(prompt_token_ids), params, seed, frozenset(stop))
+        req = Request(rid, list(prompt_token_ids), params, seed, frozenset(stop), follows=follows)
         self.scheduler.add(req)
         return rid
 

@@ -36,6 +36,9 @@ class Request:
     cache_reported: bool = False
     lock_node: object | None = None
     num_retractions: int = 0
+    # Another sample of the same prompt (n > 1): admitted once that request's prompt is
+    # launched, so its prefill comes from the prefix cache instead of being recomputed.
+    follows: str | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

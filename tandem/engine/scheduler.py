@@ -310,6 +310,8 @@ class Scheduler:
         batch = RadixTree()
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
+            if cfg.prefix_cache and self._leader_prefilling(req):
+                break  # its prompt's KV is about to be in the cache
             tokens = req.token_ids()
             match = self.tree.match(tokens, len(tokens) - 1) if cfg.prefix_cache else None
             hit = match.length if match is not None else 0
@@ -373,6 +375,14 @@ class Scheduler:
             self._grant(cap, self.rows.span)
             if match is not None:
                 batch.insert(tokens, len(batch.row_tail))
+
+    def _leader_prefilling(self, req: Request) -> bool:
+        if req.follows is None:
+            return False
+        leader = self.running.get(req.follows)
+        if leader is not None:
+            return leader.status is RequestStatus.PREFILL
+        return req.follows in self._waiting_ids
 
     def _pick_row(self, match: Match | None) -> tuple[int | None, bool, int | None]:
         """The row for a request: (row, adopt, move_to). The decode batch spans rows 0 to

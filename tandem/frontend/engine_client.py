@@ -90,7 +90,11 @@ class EngineClient:
         return self.dead is None and self._proc is not None and self._proc.is_alive()
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        follows: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Token deltas of one request; abandoning the iterator aborts it in the engine."""
         if self.dead is not None:
@@ -99,7 +103,9 @@ class EngineClient:
         self._streams[request_id] = stream
         finished = False
         try:
-            await self._push.send(pack(["add", request_id, prompt_ids, params_to_dict(params)]))
+            await self._push.send(
+                pack(["add", request_id, prompt_ids, params_to_dict(params), follows])
+            )
             while True:
                 delta = await stream.queue.get()
                 if delta.finish_reason is not None:

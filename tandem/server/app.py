@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -117,16 +117,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             raise RequestError(str(e), param=param) from None
 
     async def run_one(
-        prompt_ids: list[int], params: SamplingParams, stops: list[str]
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stops: list[str],
+        rid: str | None = None,
+        follows: str | None = None,
     ) -> AsyncIterator[Piece]:
-        rid = uuid.uuid4().hex
+        rid = rid or uuid.uuid4().hex
         detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         matcher = StopStringMatcher(stops)
         count = cached = 0
         pending_ids: list[int] = []
         start = last = time.monotonic()
-        gen = client.generate(rid, prompt_ids, params)
-        metrics.prompt_tokens.inc(len(prompt_ids))
+        gen = client.generate(rid, prompt_ids, params, follows=follows)
+        if follows is None:
+            metrics.prompt_tokens.inc(len(prompt_ids))
         try:
             async for d in gen:
                 if d.finish_reason == "error":
@@ -177,7 +182,16 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         chat: bool,
     ) -> Response:
         plist = [params_for(req, len(p), default_max) for p in prompts]
-        check_capacity(len(prompts))
+        # n samples per prompt: choice p * n + j. Samples after the first follow it (they
+        # reuse its prefill through the prefix cache) and draw with seed + j.
+        n = req.n
+        rids = [uuid.uuid4().hex for _ in range(len(prompts) * n)]
+        jobs: list[tuple[list[int], SamplingParams, str, str | None]] = []
+        for p, (prompt, sp) in enumerate(zip(prompts, plist, strict=True)):
+            for j in range(n):
+                seeded = sp if sp.seed is None or j == 0 else replace(sp, seed=sp.seed + j)
+                jobs.append((prompt, seeded, rids[p * n + j], rids[p * n] if j else None))
+        check_capacity(len(jobs))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -209,13 +223,13 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
             async def collect(i: int):
                 parts, ids, n, reason, cached = [], [], 0, None, 0
-                async for piece in run_one(prompts[i], plist[i], req.stop):
+                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
                     parts.append(piece.text)
                     ids += piece.token_ids
                     n, reason, cached = piece.num_tokens, piece.finish_reason, piece.cached_tokens
                 return "".join(parts), n, reason, ids, cached
 
-            tasks = [spawn(collect(i)) for i in range(len(prompts))]
+            tasks = [spawn(collect(i)) for i in range(len(jobs))]
             gathered = asyncio.gather(*tasks)
             watcher = asyncio.create_task(_watch_disconnect(request))
             done, _ = await asyncio.wait({watcher, gathered}, return_when=asyncio.FIRST_COMPLETED)
@@ -252,24 +266,24 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     **base,
                     "object": obj,
                     "choices": choices,
-                    "usage": usage(sum(map(len, prompts)), n_out, sum(r[4] for r in results)),
+                    "usage": usage(sum(map(len, prompts)), n_out, sum(r[4] for r in results[::n])),
                 }
             )
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
-        counts = [0] * len(prompts)
-        cached_counts = [0] * len(prompts)
+        counts = [0] * len(jobs)
+        cached_counts = [0] * len(jobs)
 
         async def pump(i: int) -> None:
             try:
-                async for piece in run_one(prompts[i], plist[i], req.stop):
+                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
                     await queue.put((i, piece))
             except Exception as e:  # reported in-stream
                 await queue.put((i, e))
 
         # Started now, so admission accounting holds even if the body is never iterated.
-        tasks = [spawn(pump(i)) for i in range(len(prompts))]
+        tasks = [spawn(pump(i)) for i in range(len(jobs))]
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -278,12 +292,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         {
                             **base,
                             "object": chunk_obj,
-                            "choices": [
-                                choice(i, "", None, first=True) for i in range(len(prompts))
-                            ],
+                            "choices": [choice(i, "", None, first=True) for i in range(len(jobs))],
                         }
                     )
-                left = len(prompts)
+                left = len(jobs)
                 while left:
                     i, item = await queue.get()
                     if isinstance(item, Exception):
@@ -316,7 +328,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                             **base,
                             "object": chunk_obj,
                             "choices": [],
-                            "usage": usage(sum(map(len, prompts)), sum(counts), sum(cached_counts)),
+                            "usage": usage(
+                                sum(map(len, prompts)), sum(counts), sum(cached_counts[::n])
+                            ),
                         }
                     )
                 yield b"data: [DONE]\n\n"

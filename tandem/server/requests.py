@@ -12,6 +12,7 @@ from tandem.sampling_params import SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+MAX_N = 16
 
 
 class RequestError(ValueError):
@@ -32,7 +33,6 @@ class RequestError(ValueError):
 
 # Neutral values of fields later issues implement: accepted only as these.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
@@ -53,6 +53,7 @@ _COMMON = {
     "stop",
     "stop_token_ids",
     "ignore_eos",
+    "n",
     "min_p",
     "min_tokens",
     "presence_penalty",
@@ -79,6 +80,7 @@ class GenerationRequest:
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
     return_token_ids: bool = False  # extension (as in vLLM): token ids in each choice
+    n: int = 1  # samples per prompt
 
 
 @dataclass
@@ -195,7 +197,11 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     except ValueError as e:
         name = next((k for k in sampling if k in str(e)), None)
         raise RequestError(str(e), param=name) from None
+    n = _number(body, "n", integer=True)
+    if n is not None and not 1 <= n <= MAX_N:
+        raise RequestError(f"'n' must be between 1 and {MAX_N}", param="n")
     return {
+        "n": n or 1,
         "model": model,
         "params": None,
         "max_tokens": max_tokens,

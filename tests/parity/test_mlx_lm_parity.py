@@ -236,3 +236,39 @@ def test_penalties_match_a_reference_processor(tiny_model_dir, overlap):
         assert o.token_ids == [int(t) for t, _ in gen], (p, f, r)
         assert o.token_ids != outs[-1].token_ids  # the penalty changed something
     assert outs[-1].token_ids == reference(path, prompt, 30)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_n_samples_share_one_prefill(tiny_model_dir, overlap):
+    """Four samples of one 90-token prompt (followers of the first): the prompt is prefilled
+    once, the others copy its KV from the cache, and each sample equals the same seed run
+    alone on a cold engine."""
+    path = tiny_model_dir("qwen3")
+    prompt = [(7 * i) % 300 + 3 for i in range(90)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.8, seed=s, ignore_eos=True) for s in range(4)
+    ]
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, max_num_batched_tokens=32)
+    launched = []
+    runner = llm.engine.loop.runner
+    orig = runner.launch
+
+    def spy(plan, parent):
+        launched.append(plan)
+        return orig(plan, parent)
+
+    runner.launch = spy
+    engine = llm.engine
+    first = engine.add_request(prompt, params[0])
+    ids = [first] + [engine.add_request(prompt, p, follows=first) for p in params[1:]]
+    got: dict[str, list[int]] = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        engine.check_invariants()
+    prefilled = sum(len(c.token_ids) for p in launched for c in p.chunks)
+    assert prefilled == len(prompt) - 1
+    cold = LLM(str(path), prefix_cache=False)
+    for rid, sp in zip(ids, params, strict=True):
+        assert got[rid] == cold.generate([prompt], sp)[0].token_ids
+    assert len({tuple(v) for v in got.values()}) > 1  # different seeds, different samples

@@ -206,6 +206,47 @@ def test_logit_bias_and_min_tokens_over_http(server):
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
 
 
+def test_n_returns_n_choices_streaming_and_not(server):
+    c = client(server)
+    r = c.completions.create(
+        model="tiny",
+        prompt=[5, 6, 7, 8],
+        max_tokens=8,
+        temperature=1.0,
+        seed=11,
+        n=3,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    ids = [tuple(ch.model_extra["token_ids"]) for ch in r.choices]
+    assert len(set(ids)) > 1
+    assert r.usage.prompt_tokens == 4 and r.usage.completion_tokens == 24
+    # Sample j draws with seed + j: the same as n = 1 with that seed.
+    one = c.completions.create(
+        model="tiny",
+        prompt=[5, 6, 7, 8],
+        max_tokens=8,
+        temperature=1.0,
+        seed=12,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    assert tuple(one.choices[0].model_extra["token_ids"]) == ids[1]
+    chunks = list(
+        c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            n=2,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    finished = {ch.index for chunk in chunks for ch in chunk.choices if ch.finish_reason}
+    assert finished == {0, 1}
+    bad = server.post("/v1/completions", json={"prompt": "x", "n": 17})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
 def test_context_overflow_names_both_numbers(server):
     r = server.post("/v1/completions", json={"prompt": [5] * 100, "max_tokens": 4000})
     assert r.status_code == 400
