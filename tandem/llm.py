@@ -73,18 +73,25 @@ class LLM:
             self._run_until_idle()
             raise
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+        logprobs: dict[str, list] = {rid: [] for rid in ids}
         reasons: dict[str, str] = {}
         while len(reasons) < len(ids):
             for out in self.engine.step():
                 if out.request_id in tokens:
                     tokens[out.request_id].extend(out.new_token_ids)
+                    logprobs[out.request_id].extend(out.logprobs or ())
                     if out.finish_reason:
                         reasons[out.request_id] = out.finish_reason
         return [
             RequestOutput(
-                rid, toks, tokens[rid], self._text(tokens[rid], reasons[rid]), reasons[rid]
+                rid,
+                toks,
+                tokens[rid],
+                self._text(tokens[rid], reasons[rid]),
+                reasons[rid],
+                logprobs[rid] if sp.logprobs is not None else None,
             )
-            for rid, toks in zip(ids, encoded, strict=True)
+            for rid, toks, sp in zip(ids, encoded, params, strict=True)
         ]
 
     def stream(

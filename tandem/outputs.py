@@ -15,6 +15,8 @@ class EngineOutput:
     error: str | None = None
     # On a request's first output: prompt tokens whose KV came from the prefix cache.
     cached_tokens: int | None = None
+    # One (token log-probability, top-k pairs) per new token, when the request asked.
+    logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -30,6 +32,8 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    # Per generated token: (its log-probability, top-k (token, log-probability) pairs).
+    logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = None
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +30,9 @@ class SamplingParams:
     # OpenAI's: subtract presence * [count > 0] + frequency * count over generated tokens;
     # vLLM's repetition_penalty: divide positive / multiply negative logits of every token
     # seen in the prompt or output.
+    # Log-probabilities (under the model's raw distribution) of each sampled token and of the
+    # ``logprobs`` most likely tokens at its position; None: not returned.
+    logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -68,6 +73,10 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         _check_int("min_tokens", self.min_tokens, minimum=0)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             _check_float(name, getattr(self, name))
             if not -2 <= getattr(self, name) <= 2:

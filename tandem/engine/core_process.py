@@ -70,7 +70,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                 try:
                     engine.add_request(prompt, params_from_dict(params), rid, follows=follows)
                 except ValueError as e:
-                    outputs.append([rid, [], "error", str(e), None])
+                    outputs.append([rid, [], "error", str(e), None, None])
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "pause":
@@ -102,7 +102,14 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
 
 def _encode(outs) -> list[list[Any]]:
     return [
-        [o.request_id, list(o.new_token_ids), o.finish_reason, o.error, o.cached_tokens]
+        [
+            o.request_id,
+            list(o.new_token_ids),
+            o.finish_reason,
+            o.error,
+            o.cached_tokens,
+            o.logprobs,
+        ]
         for o in outs
     ]
 

@@ -46,6 +46,8 @@ class RowSampling:
     suppress: tuple[tuple[int, int], ...] = ()
     # Penalized rows: (row, presence, frequency, repetition, prompt ids, output ids so far).
     penalties: tuple[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]], ...] = ()
+    # (row, k): return the sampled token's log-probability and the top k at its position.
+    logprobs: tuple[tuple[int, int], ...] = ()
 
     @property
     def all_greedy(self) -> bool:
@@ -90,7 +92,12 @@ class StepPlan:
         return frozenset(ids)
 
 
+# A sampled token's log-probability and the top-k (token, log-probability) pairs.
+TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
+
+
 @dataclass(frozen=True)
 class StepResult:
     step_id: int
     tokens: tuple[int, ...]  # one per row of the plan
+    logprobs: dict[int, TokenLogprobs] | None = None  # by row, for rows that asked

@@ -450,7 +450,7 @@ class Scheduler:
         """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
         assert result.step_id == plan.step_id
         outputs = self.take_pending_outputs()
-        for rid, token in zip(plan.row_request_ids, result.tokens, strict=True):
+        for row, (rid, token) in enumerate(zip(plan.row_request_ids, result.tokens, strict=True)):
             if rid is None:
                 continue
             req = self.running[rid]
@@ -464,7 +464,16 @@ class Scheduler:
             if not req.cache_reported:
                 req.cache_reported = True
                 cached = req.num_cached_tokens
-            outputs.append(EngineOutput(rid, (token,), reason, cached_tokens=cached))
+            lp = result.logprobs.get(row) if result.logprobs else None
+            outputs.append(
+                EngineOutput(
+                    rid,
+                    (token,),
+                    reason,
+                    cached_tokens=cached,
+                    logprobs=(lp,) if lp is not None else None,
+                )
+            )
         for rid in plan.request_ids:
             req = self.running[rid]
             req.num_inflight -= 1
@@ -560,6 +569,7 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
     bias: list[tuple[int, int, float]] = []
     suppress: list[tuple[int, int]] = []
     pens: list[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]]] = []
+    lps: list[tuple[int, int]] = []
     for row, req in enumerate(reqs):
         p = req.params if req is not None else None
         temps.append(p.temperature if p else 0.0)
@@ -570,6 +580,8 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
         limit = 0
         if req is not None and p is not None:
             bias.extend((row, t, b) for t, b in p.logit_bias)
+            if p.logprobs is not None:
+                lps.append((row, p.logprobs))
             if p.penalized:
                 pens.append(
                     (
@@ -596,4 +608,5 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
         min_position=tuple(min_pos) if suppress else (),
         suppress=tuple(suppress),
         penalties=tuple(pens),
+        logprobs=tuple(lps),
     )

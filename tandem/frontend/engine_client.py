@@ -31,6 +31,8 @@ class Delta:
     finish_reason: str | None
     error: str | None = None
     cached_tokens: int | None = None  # set on a request's first delta
+    # Per new token: [log-probability, [[token, log-probability], ...]] when asked for.
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -144,10 +146,10 @@ class EngineClient:
                 return
             _, outputs, stats = msg
             self.stats = stats
-            for rid, new_ids, reason, error, cached in outputs:
+            for rid, new_ids, reason, error, cached, lps in outputs:
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached))
+                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached, lps))
 
     async def _watch_process(self) -> None:
         assert self._proc is not None

@@ -11,7 +11,13 @@ import mlx.nn as nn
 
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import ROW_STEP, KVPool, KVShape
-from tandem.runner.sampler import SamplingArrays, advance, make_sampling_arrays, sample
+from tandem.runner.sampler import (
+    SamplingArrays,
+    advance,
+    make_sampling_arrays,
+    sample,
+    token_logprobs,
+)
 
 
 @dataclass
@@ -22,6 +28,7 @@ class Handle:
     plan: StepPlan
     tokens: mx.array
     sampling: SamplingArrays
+    logprobs: tuple[mx.array, mx.array, mx.array] | None = None
 
 
 MAX_PADDING = 0.25  # padded tokens allowed per batched first-chunk forward
@@ -132,8 +139,9 @@ class ModelRunner:
             caches = self.kv.batch_caches(plan.positions, positions)
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             tokens = sample(logits, sampling, positions)
-            mx.async_eval(tokens, *self.kv.arrays())
-        return Handle(plan, tokens, advance(sampling, tokens))
+            lps = token_logprobs(logits, sampling, tokens)
+            mx.async_eval(tokens, *(lps or ()), *self.kv.arrays())
+        return Handle(plan, tokens, advance(sampling, tokens), lps)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
         """Cache-only forwards (their logits are never evaluated, so never computed).
@@ -160,4 +168,12 @@ class ModelRunner:
                 mx.async_eval(*self.kv.arrays())
 
     def finalize(self, handle: Handle) -> StepResult:
-        return StepResult(handle.plan.step_id, tuple(handle.tokens.tolist()))
+        tokens = tuple(handle.tokens.tolist())
+        if handle.logprobs is None:
+            return StepResult(handle.plan.step_id, tokens)
+        chosen, top_ids, top_lps = (a.tolist() for a in handle.logprobs)
+        by_row = {}
+        for i, (row, k) in enumerate(handle.plan.sampling.logprobs):
+            top = tuple(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
+            by_row[row] = (chosen[i], top)
+        return StepResult(handle.plan.step_id, tokens, by_row)

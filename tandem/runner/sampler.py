@@ -45,10 +45,13 @@ class SamplingArrays:
     repetition: mx.array | None = None
     counts: mx.array | None = None
     prompt_seen: mx.array | None = None
+    # Rows that return log-probabilities, and the largest top-k among them.
+    lp_rows: mx.array | None = None
+    lp_k: int = 0
 
     @property
     def edits(self) -> bool:
-        return (
+        return (  # logit changes (log-probability rows only read the logits)
             self.bias_index is not None
             or self.suppress_index is not None
             or self.pen_rows is not None
@@ -70,6 +73,8 @@ def _edits(s: RowSampling, vocab_size: int) -> dict[str, mx.array]:
         out["suppress_index"] = mx.array([r * vocab_size + t for r, t in sup], dtype=mx.int32)
         out["suppress_row"] = mx.array([r for r, _ in sup], dtype=mx.int32)
         out["min_position"] = mx.array(s.min_position, dtype=mx.int32)
+    if s.logprobs:
+        out["lp_rows"] = mx.array([r for r, _ in s.logprobs], dtype=mx.int32)
     if s.penalties:
         n = len(s.penalties)
         counts = np.zeros((n, vocab_size), dtype=np.float32)
@@ -89,7 +94,9 @@ def _edits(s: RowSampling, vocab_size: int) -> dict[str, mx.array]:
 
 
 def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
-    edits = _edits(s, vocab_size) if s.edits_logits else {}
+    edits = _edits(s, vocab_size) if s.edits_logits or s.logprobs else {}
+    if s.logprobs:
+        edits["lp_k"] = min(max(k for _, k in s.logprobs), vocab_size)
     if s.all_greedy:
         return SamplingArrays(True, False, False, **edits)
     any_k = any(0 < k < vocab_size for k, t in zip(s.top_k, s.temperature, strict=True) if t > 0)
@@ -110,6 +117,27 @@ def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
             else None
         ),
         **edits,
+    )
+
+
+def token_logprobs(
+    logits: mx.array, s: SamplingArrays, tokens: mx.array
+) -> tuple[mx.array, mx.array, mx.array] | None:
+    """For the rows that asked: the sampled token's log-probability under the raw logits,
+    and the top ``lp_k`` (ids, log-probabilities), best first."""
+    if s.lp_rows is None:
+        return None
+    x = logits[s.lp_rows].astype(mx.float32)
+    lps = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(lps, tokens[s.lp_rows].astype(mx.int32)[:, None], axis=-1)[:, 0]
+    k = max(s.lp_k, 1)
+    top = mx.argpartition(-lps, k - 1, axis=-1)[:, :k]
+    top_lps = mx.take_along_axis(lps, top, axis=-1)
+    order = mx.argsort(-top_lps, axis=-1)
+    return (
+        chosen,
+        mx.take_along_axis(top, order, axis=-1),
+        mx.take_along_axis(top_lps, order, axis=-1),
     )
 
 

@@ -53,6 +53,7 @@ class Piece:
     num_tokens: int  # generated so far
     finish_reason: str | None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    logprobs: list[Any] | None = None  # one entry per token_ids entry, when asked for
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
@@ -128,6 +129,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         matcher = StopStringMatcher(stops)
         count = cached = 0
         pending_ids: list[int] = []
+        pending_lps: list[Any] = []
+        want_lps = params.logprobs is not None
+
+        def piece(text: str, reason: str | None) -> Piece:
+            return Piece(
+                text, pending_ids, count, reason, cached, pending_lps if want_lps else None
+            )
+
         start = last = time.monotonic()
         gen = client.generate(rid, prompt_ids, params, follows=follows)
         if follows is None:
@@ -149,18 +158,19 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 metrics.generation_tokens.inc(len(d.new_token_ids))
                 ids = d.new_token_ids
                 pending_ids += ids
+                pending_lps += d.logprobs or []
                 if d.finish_reason == "stop" and ids:
                     ids = ids[:-1]  # the stop token is not text
                 text = matcher.feed(detok.add(ids))
                 if matcher.stopped:
-                    yield Piece(text, pending_ids, count, "stop", cached)
+                    yield piece(text, "stop")
                     return
                 if d.finish_reason is not None:
-                    yield Piece(text + matcher.flush(), pending_ids, count, d.finish_reason, cached)
+                    yield piece(text + matcher.flush(), d.finish_reason)
                     return
                 if text:
-                    yield Piece(text, pending_ids, count, None, cached)
-                    pending_ids = []
+                    yield piece(text, None)
+                    pending_ids, pending_lps = [], []
         finally:
             metrics.e2e.observe(time.monotonic() - start)
             await gen.aclose()
@@ -197,15 +207,55 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         obj = "chat.completion" if chat else "text_completion"
         base = {"id": rid, "created": created, "model": settings.served_model_name}
 
+        offsets = [0] * len(jobs)  # completions' text_offset, per choice
+
+        def tok(t: int) -> str:
+            return tokenizer.decode([t])
+
+        def logprobs_obj(i: int, ids: list[int], lps: list[Any] | None) -> Any:
+            """OpenAI's logprobs shapes: completions (tokens, token_logprobs, top_logprobs,
+            text_offset) or chat (content entries with bytes and top_logprobs)."""
+            if lps is None:
+                return None
+            if chat:
+                content = []
+                for t, (lp, top) in zip(ids, lps, strict=False):
+                    s = tok(t)
+                    content.append(
+                        {
+                            "token": s,
+                            "logprob": lp,
+                            "bytes": list(s.encode()),
+                            "top_logprobs": [
+                                {"token": tok(a), "logprob": v, "bytes": list(tok(a).encode())}
+                                for a, v in top
+                            ],
+                        }
+                    )
+                return {"content": content}
+            strs = [tok(t) for t in ids[: len(lps)]]
+            text_offset = []
+            for s in strs:
+                text_offset.append(offsets[i])
+                offsets[i] += len(s)
+            return {
+                "tokens": strs,
+                "token_logprobs": [lp for lp, _ in lps],
+                "top_logprobs": [{tok(a): v for a, v in top} for _, top in lps],
+                "text_offset": text_offset,
+            }
+
         def choice(
             i: int,
             text: str | None,
             reason: str | None,
             first: bool = False,
             ids: list[int] | None = None,
+            lps: list[Any] | None = None,
         ) -> dict[str, Any]:
+            lp_obj = logprobs_obj(i, ids or [], lps)
             if not chat:
-                c = {"index": i, "text": text or "", "logprobs": None, "finish_reason": reason}
+                c = {"index": i, "text": text or "", "logprobs": lp_obj, "finish_reason": reason}
                 if req.return_token_ids and ids is not None:
                     c["token_ids"] = ids
                 return c
@@ -214,7 +264,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
+            c = {"index": i, "delta": delta, "logprobs": lp_obj, "finish_reason": reason}
             if req.return_token_ids and ids is not None:
                 c["token_ids"] = ids
             return c
@@ -223,11 +273,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
             async def collect(i: int):
                 parts, ids, n, reason, cached = [], [], 0, None, 0
+                lps: list[Any] | None = None
                 async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
                     parts.append(piece.text)
                     ids += piece.token_ids
                     n, reason, cached = piece.num_tokens, piece.finish_reason, piece.cached_tokens
-                return "".join(parts), n, reason, ids, cached
+                    if piece.logprobs is not None:
+                        lps = (lps or []) + piece.logprobs
+                return "".join(parts), n, reason, ids, cached, lps
 
             tasks = [spawn(collect(i)) for i in range(len(jobs))]
             gathered = asyncio.gather(*tasks)
@@ -246,19 +299,19 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 metrics.requests.labels(endpoint, "error").inc()
             results = gathered.result()  # re-raises the first RequestError
             choices = []
-            for i, (text, _, reason, ids, _) in enumerate(results):
+            for i, (text, _, reason, ids, _, lps) in enumerate(results):
                 if chat:
                     c = {
                         "index": i,
                         "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
+                        "logprobs": logprobs_obj(i, ids, lps),
                         "finish_reason": reason,
                     }
                     if req.return_token_ids:
                         c["token_ids"] = ids
                     choices.append(c)
                 else:
-                    choices.append(choice(i, text, reason, ids=ids))
+                    choices.append(choice(i, text, reason, ids=ids, lps=lps))
             n_out = sum(r[1] for r in results)
             metrics.requests.labels(endpoint, "ok").inc()
             return JSONResponse(
@@ -316,6 +369,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                         item.text if item.text or not chat else None,
                                         item.finish_reason,
                                         ids=item.token_ids,
+                                        lps=item.logprobs,
                                     )
                                 ],
                             }

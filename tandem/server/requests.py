@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -34,7 +34,6 @@ class RequestError(ValueError):
 # Neutral values of fields later issues implement: accepted only as these.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None,),
@@ -54,6 +53,7 @@ _COMMON = {
     "stop_token_ids",
     "ignore_eos",
     "n",
+    "logprobs",
     "min_p",
     "min_tokens",
     "presence_penalty",
@@ -66,7 +66,12 @@ _COMMON = {
     "return_token_ids",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"}
+CHAT_FIELDS = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "chat_template_kwargs",
+    "top_logprobs",
+}
 ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -247,7 +252,15 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
             raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
         if isinstance(p, str) and not p:
             raise RequestError("'prompt' must not be empty", param="prompt")
-    return CompletionRequest(**_common(body), prompts=prompts)
+    common = _common(body)
+    k = body.get("logprobs")
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS:
+            raise RequestError(
+                f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", param="logprobs"
+            )
+        common["sampling"]["logprobs"] = k
+    return CompletionRequest(**common, prompts=prompts)
 
 
 def parse_chat(body: Any) -> ChatRequest:
@@ -287,4 +300,19 @@ def parse_chat(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-    return ChatRequest(**_common(body, key), messages=out, template_kwargs=kwargs)
+    common = _common(body, key)
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise RequestError("'logprobs' must be a boolean", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+            raise RequestError(
+                f"'top_logprobs' must be an integer from 0 to {MAX_LOGPROBS}",
+                param="top_logprobs",
+            )
+        if not want:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if want:
+        common["sampling"]["logprobs"] = top or 0
+    return ChatRequest(**common, messages=out, template_kwargs=kwargs)

@@ -272,3 +272,37 @@ def test_n_samples_share_one_prefill(tiny_model_dir, overlap):
     for rid, sp in zip(ids, params, strict=True):
         assert got[rid] == cold.generate([prompt], sp)[0].token_ids
     assert len({tuple(v) for v in got.values()}) > 1  # different seeds, different samples
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_logprobs_equal_mlx_lm_log_softmax(tiny_model_dir, overlap):
+    """Sampled-token and top-5 log-probabilities of greedy and sampled rows in one batch
+    equal mlx-lm's log-softmax of the model's logits at each step (float32, 1e-4)."""
+    import numpy as np
+
+    path = tiny_model_dir("llama")
+    if str(path) not in _models:
+        _models[str(path)] = load(str(path))[0]
+    model = _models[str(path)]
+    llm = LLM(str(path), overlap=overlap)
+    prompts = [[5, 9, 14, 3], [100, 101], [7] * 12]
+    params = [
+        greedy(10, logprobs=5),
+        SamplingParams(max_tokens=10, temperature=0.9, seed=3, ignore_eos=True, logprobs=0),
+        greedy(10),
+    ]
+    outs = llm.generate(prompts, params)
+    assert outs[2].logprobs is None
+    for prompt, o, k in zip(prompts[:2], outs[:2], (5, 0), strict=True):
+        assert len(o.logprobs) == len(o.token_ids)
+        # Replay the generated tokens through mlx-lm and read its log-softmax at each step.
+        seq = prompt + o.token_ids
+        logits = model(mx.array(seq)[None])[0].astype(mx.float32)
+        ref = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        for i, (tok, (lp, top)) in enumerate(zip(o.token_ids, o.logprobs, strict=True)):
+            row = ref[len(prompt) - 1 + i]
+            assert abs(lp - row[tok]) < 1e-4
+            assert len(top) == k
+            want = np.argsort(-row)[:k]
+            assert [t for t, _ in top] == list(want)
+            assert np.allclose([v for _, v in top], row[want], atol=1e-4)

@@ -159,7 +159,8 @@ def test_64_concurrent_streams_are_token_exact(server, served_model):
         ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),
         ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
-        ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+        ({"prompt": "x", "echo": True}, 400, "echo"),
         ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
         ({"prompt": ""}, 400, "prompt"),
         ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
@@ -245,6 +246,65 @@ def test_n_returns_n_choices_streaming_and_not(server):
     assert finished == {0, 1}
     bad = server.post("/v1/completions", json={"prompt": "x", "n": 17})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
+def test_logprobs_in_openai_shapes_streaming_and_not(server, served_model):
+    c = client(server)
+    r = c.completions.create(
+        model="tiny",
+        prompt=[5, 6, 7],
+        max_tokens=5,
+        temperature=0,
+        logprobs=3,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    lp = r.choices[0].logprobs
+    ids = r.choices[0].model_extra["token_ids"]
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(v <= 0 for v in lp.token_logprobs)
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs)  # strings may coincide
+    # Greedy: each chosen token is the most likely one.
+    assert all(
+        max(t.values()) == pytest.approx(v)
+        for t, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+    offline_lps = LLM(str(served_model)).generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=3)
+    )[0]
+    assert offline_lps.token_ids == ids
+    assert lp.token_logprobs == pytest.approx([v for v, _ in offline_lps.logprobs], abs=1e-5)
+    msgs = [{"role": "user", "content": "hello"}]
+    full = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    content = full.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(e.top_logprobs) == 2 for e in content)
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    streamed = [
+        e
+        for ch in stream
+        for choice in ch.choices
+        if choice.logprobs
+        for e in choice.logprobs.content
+    ]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content])
+    bad = server.post("/v1/chat/completions", json={"messages": msgs, "top_logprobs": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
 
 
 def test_context_overflow_names_both_numbers(server):
