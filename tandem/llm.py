@@ -74,12 +74,14 @@ class LLM:
             raise
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         logprobs: dict[str, list] = {rid: [] for rid in ids}
+        prompt_lps: dict[str, list] = {rid: [] for rid in ids}
         reasons: dict[str, str] = {}
         while len(reasons) < len(ids):
             for out in self.engine.step():
                 if out.request_id in tokens:
                     tokens[out.request_id].extend(out.new_token_ids)
                     logprobs[out.request_id].extend(out.logprobs or ())
+                    prompt_lps[out.request_id].extend(out.prompt_logprobs or ())
                     if out.finish_reason:
                         reasons[out.request_id] = out.finish_reason
         return [
@@ -90,6 +92,7 @@ class LLM:
                 self._text(tokens[rid], reasons[rid]),
                 reasons[rid],
                 logprobs[rid] if sp.logprobs is not None else None,
+                prompt_lps[rid] if sp.prompt_logprobs is not None else None,
             )
             for rid, toks, sp in zip(ids, encoded, params, strict=True)
         ]

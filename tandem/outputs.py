@@ -17,6 +17,8 @@ class EngineOutput:
     cached_tokens: int | None = None
     # One (token log-probability, top-k pairs) per new token, when the request asked.
     logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
+    # On the first output, when asked: one entry per prompt token after the first.
+    prompt_logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -34,6 +36,7 @@ class RequestOutput:
     finish_reason: str | None
     # Per generated token: (its log-probability, top-k (token, log-probability) pairs).
     logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = None
+    prompt_logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = None
 
     @property
     def finished(self) -> bool:

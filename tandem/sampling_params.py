@@ -33,6 +33,9 @@ class SamplingParams:
     # Log-probabilities (under the model's raw distribution) of each sampled token and of the
     # ``logprobs`` most likely tokens at its position; None: not returned.
     logprobs: int | None = None
+    # The same for every prompt token after the first (computed during prefill, so such a
+    # request does not reuse cached prefixes).
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -73,10 +76,12 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         _check_int("min_tokens", self.min_tokens, minimum=0)
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, minimum=0)
-            if self.logprobs > MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None:
+                _check_int(name, k, minimum=0)
+                if k > MAX_LOGPROBS:
+                    raise ValueError(f"{name} must be <= {MAX_LOGPROBS}, got {k}")
         for name in ("presence_penalty", "frequency_penalty"):
             _check_float(name, getattr(self, name))
             if not -2 <= getattr(self, name) <= 2:

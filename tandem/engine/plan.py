@@ -18,6 +18,10 @@ class PrefillChunk:
     row: int
     start: int
     token_ids: tuple[int, ...]
+    # Prompt log-probabilities: top-k to return (-1: none) and the token after the chunk
+    # (each position's logits score the next token).
+    logprobs: int = -1
+    next_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,6 @@ class StepResult:
     step_id: int
     tokens: tuple[int, ...]  # one per row of the plan
     logprobs: dict[int, TokenLogprobs] | None = None  # by row, for rows that asked
+    # Prompt log-probabilities of chunks that asked: request id -> one entry per chunk token
+    # (scoring the token after it).
+    prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None

@@ -39,6 +39,7 @@ class Request:
     # Another sample of the same prompt (n > 1): admitted once that request's prompt is
     # launched, so its prefill comes from the prefix cache instead of being recomputed.
     follows: str | None = None
+    prompt_logprobs: list | None = None  # filled by prefill chunks when asked for
 
     @property
     def num_prompt_tokens(self) -> int:

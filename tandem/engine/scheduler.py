@@ -169,7 +169,18 @@ class Scheduler:
                 end = min(target, req.num_computed + budget)
                 tokens = req.token_ids()
                 chunk = tuple(tokens[req.num_computed : end])
-                chunks.append(PrefillChunk(req.request_id, req.row, req.num_computed, chunk))
+                k = req.params.prompt_logprobs
+                want = k is not None and req.num_retractions == 0
+                chunks.append(
+                    PrefillChunk(
+                        req.request_id,
+                        req.row,
+                        req.num_computed,
+                        chunk,
+                        logprobs=k if want and k is not None else -1,
+                        next_token=tokens[end],
+                    )
+                )
                 budget -= len(chunk)
                 req.num_computed = end
             if req.num_computed == target and budget > 0:
@@ -313,7 +324,9 @@ class Scheduler:
             if cfg.prefix_cache and self._leader_prefilling(req):
                 break  # its prompt's KV is about to be in the cache
             tokens = req.token_ids()
-            match = self.tree.match(tokens, len(tokens) - 1) if cfg.prefix_cache else None
+            # Prompt log-probabilities need every prompt position computed: no reuse.
+            reuse = cfg.prefix_cache and req.params.prompt_logprobs is None
+            match = self.tree.match(tokens, len(tokens) - 1) if reuse else None
             hit = match.length if match is not None else 0
             waits = match is not None and batch.match(tokens, len(tokens) - 1).length >= (
                 hit + cfg.capacity_chunk
@@ -450,6 +463,9 @@ class Scheduler:
         """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
         assert result.step_id == plan.step_id
         outputs = self.take_pending_outputs()
+        for rid, entries in (result.prompt_logprobs or {}).items():
+            req = self.running[rid]
+            req.prompt_logprobs = (req.prompt_logprobs or []) + entries
         for row, (rid, token) in enumerate(zip(plan.row_request_ids, result.tokens, strict=True)):
             if rid is None:
                 continue
@@ -460,10 +476,11 @@ class Scheduler:
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self._finish(req, reason, emit=False)
-            cached = None
+            cached = prompt_lps = None
             if not req.cache_reported:
                 req.cache_reported = True
                 cached = req.num_cached_tokens
+                prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
             lp = result.logprobs.get(row) if result.logprobs else None
             outputs.append(
                 EngineOutput(
@@ -472,6 +489,7 @@ class Scheduler:
                     reason,
                     cached_tokens=cached,
                     logprobs=(lp,) if lp is not None else None,
+                    prompt_logprobs=prompt_lps,
                 )
             )
         for rid in plan.request_ids:

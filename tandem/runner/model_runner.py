@@ -29,6 +29,8 @@ class Handle:
     tokens: mx.array
     sampling: SamplingArrays
     logprobs: tuple[mx.array, mx.array, mx.array] | None = None
+    # Prompt log-probabilities of chunks that asked: (request id, k, arrays).
+    prompt_logprobs: list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]] | None = None
 
 
 MAX_PADDING = 0.25  # padded tokens allowed per batched first-chunk forward
@@ -50,6 +52,27 @@ def group_first_chunks(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
         groups.append([c])
         real = n
     return groups
+
+
+def _chunk_logprobs(
+    logits: mx.array, chunk: PrefillChunk
+) -> tuple[str, int, tuple[mx.array, mx.array, mx.array]]:
+    """Log-probabilities of each chunk position's next token (the chunk's own tokens shifted
+    by one, then the token after it) and the top ``chunk.logprobs`` there."""
+    x = logits.astype(mx.float32)
+    lps = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    nxt = mx.array(list(chunk.token_ids[1:]) + [chunk.next_token], dtype=mx.int32)
+    chosen = mx.take_along_axis(lps, nxt[:, None], axis=-1)[:, 0]
+    k = max(chunk.logprobs, 1)
+    top = mx.argpartition(-lps, k - 1, axis=-1)[:, :k]
+    top_lps = mx.take_along_axis(lps, top, axis=-1)
+    order = mx.argsort(-top_lps, axis=-1)
+    arrays = (
+        chosen,
+        mx.take_along_axis(top, order, axis=-1),
+        mx.take_along_axis(top_lps, order, axis=-1),
+    )
+    return chunk.request_id, chunk.logprobs, arrays
 
 
 class _ProbeCache:
@@ -125,7 +148,7 @@ class ModelRunner:
             self.kv.begin_step(needed_rows, plan.capacity)
             for c in plan.copies:
                 self.kv.copy_prefix(c.src, c.dst, c.length)
-            self._prefill(plan.chunks)
+            prompt_lps = self._prefill(plan.chunks)
             if plan.chained:
                 assert parent is not None
                 tokens_in, sampling = parent.tokens, parent.sampling
@@ -141,39 +164,61 @@ class ModelRunner:
             tokens = sample(logits, sampling, positions)
             lps = token_logprobs(logits, sampling, tokens)
             mx.async_eval(tokens, *(lps or ()), *self.kv.arrays())
-        return Handle(plan, tokens, advance(sampling, tokens), lps)
+        return Handle(plan, tokens, advance(sampling, tokens), lps, prompt_lps or None)
 
-    def _prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
-        """Cache-only forwards (their logits are never evaluated, so never computed).
+    def _prefill(
+        self, chunks: tuple[PrefillChunk, ...]
+    ) -> list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]]:
+        """Cache-only forwards: their logits are never evaluated, so never computed — except
+        for chunks that asked for prompt log-probabilities (returned, lazily).
 
         First chunks of several prompts share one right-padded forward; continuation chunks
         read their row's earlier KV and run one by one. Each forward is submitted on its own:
         in one shared graph a later write could be scheduled before an earlier read of the same
         buffer, and MLX would then copy the buffer instead of writing in place.
         """
+        out: list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]] = []
         for group in group_first_chunks([c for c in chunks if c.start == 0]):
             length = max(len(c.token_ids) for c in group)
             tokens = mx.array(
                 [list(c.token_ids) + [0] * (length - len(c.token_ids)) for c in group],
                 dtype=mx.int32,
             )
-            self.model(tokens, cache=self.kv.first_chunk_caches([c.row for c in group], length))
-            mx.async_eval(*self.kv.arrays())
+            logits = self.model(
+                tokens, cache=self.kv.first_chunk_caches([c.row for c in group], length)
+            )
+            for b, c in enumerate(group):
+                if c.logprobs >= 0:
+                    out.append(_chunk_logprobs(logits[b, : len(c.token_ids)], c))
+            mx.async_eval(*[a for _, _, arrs in out for a in arrs], *self.kv.arrays())
         for chunk in chunks:
             if chunk.start > 0:
-                self.model(
+                logits = self.model(
                     mx.array(chunk.token_ids, dtype=mx.int32)[None],
                     cache=self.kv.row_caches(chunk.row, chunk.start),
                 )
-                mx.async_eval(*self.kv.arrays())
+                if chunk.logprobs >= 0:
+                    out.append(_chunk_logprobs(logits[0], chunk))
+                mx.async_eval(*[a for _, _, arrs in out for a in arrs], *self.kv.arrays())
+        return out
 
     def finalize(self, handle: Handle) -> StepResult:
         tokens = tuple(handle.tokens.tolist())
+        prompt = None
+        if handle.prompt_logprobs:
+            prompt = {}
+            for rid, k, arrays in handle.prompt_logprobs:
+                chosen, top_ids, top_lps = (a.tolist() for a in arrays)
+                entries = [
+                    (c, tuple(zip(i[:k], v[:k], strict=True)))
+                    for c, i, v in zip(chosen, top_ids, top_lps, strict=True)
+                ]
+                prompt[rid] = prompt.get(rid, []) + entries
         if handle.logprobs is None:
-            return StepResult(handle.plan.step_id, tokens)
+            return StepResult(handle.plan.step_id, tokens, None, prompt)
         chosen, top_ids, top_lps = (a.tolist() for a in handle.logprobs)
         by_row = {}
         for i, (row, k) in enumerate(handle.plan.sampling.logprobs):
             top = tuple(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
             by_row[row] = (chosen[i], top)
-        return StepResult(handle.plan.step_id, tokens, by_row)
+        return StepResult(handle.plan.step_id, tokens, by_row, prompt)

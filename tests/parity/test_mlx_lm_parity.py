@@ -306,3 +306,27 @@ def test_logprobs_equal_mlx_lm_log_softmax(tiny_model_dir, overlap):
             want = np.argsort(-row)[:k]
             assert [t for t, _ in top] == list(want)
             assert np.allclose([v for _, v in top], row[want], atol=1e-4)
+
+
+@pytest.mark.parametrize("budget", [7, 64])
+def test_prompt_logprobs_equal_mlx_lm_across_chunks(tiny_model_dir, budget):
+    """Prompt log-probabilities from batched first chunks and continuation chunks equal
+    mlx-lm's log-softmax; such a request recomputes its prompt even when it is cached."""
+    import numpy as np
+
+    path = tiny_model_dir("qwen2")
+    if str(path) not in _models:
+        _models[str(path)] = load(str(path))[0]
+    model = _models[str(path)]
+    llm = LLM(str(path), max_num_batched_tokens=budget, check_invariants=True)
+    prompts = [[(3 * i + j) % 200 + 3 for i in range(n)] for j, n in enumerate((30, 9, 2))]
+    llm.generate(prompts, greedy(2))  # now cached
+    outs = llm.generate(prompts, greedy(3, prompt_logprobs=2))
+    for p, o in zip(prompts, outs, strict=True):
+        logits = model(mx.array(p)[None])[0].astype(mx.float32)
+        ref = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        assert len(o.prompt_logprobs) == len(p) - 1
+        for i, (lp, top) in enumerate(o.prompt_logprobs):
+            assert abs(lp - ref[i, p[i + 1]]) < 1e-4
+            assert [t for t, _ in top] == list(np.argsort(-ref[i])[:2])
+        assert o.token_ids == reference(path, p, 3)
