@@ -70,7 +70,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                 try:
                     engine.add_request(prompt, params_from_dict(params), rid, follows=follows)
                 except ValueError as e:
-                    outputs.append([rid, [], "error", str(e), None, None])
+                    outputs.append([rid, [], "error", str(e), None, None, None])
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "pause":
@@ -109,6 +109,7 @@ def _encode(outs) -> list[list[Any]]:
             o.error,
             o.cached_tokens,
             o.logprobs,
+            o.prompt_logprobs,
         ]
         for o in outs
     ]

@@ -33,6 +33,7 @@ class Delta:
     cached_tokens: int | None = None  # set on a request's first delta
     # Per new token: [log-probability, [[token, log-probability], ...]] when asked for.
     logprobs: list[Any] | None = None
+    prompt_logprobs: list[Any] | None = None  # on the first delta, when asked for
 
 
 @dataclass
@@ -146,10 +147,10 @@ class EngineClient:
                 return
             _, outputs, stats = msg
             self.stats = stats
-            for rid, new_ids, reason, error, cached, lps in outputs:
+            for rid, new_ids, reason, error, cached, lps, plps in outputs:
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached, lps))
+                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached, lps, plps))
 
     async def _watch_process(self) -> None:
         assert self._proc is not None

@@ -54,6 +54,7 @@ class Piece:
     finish_reason: str | None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     logprobs: list[Any] | None = None  # one entry per token_ids entry, when asked for
+    prompt_logprobs: list[Any] | None = None  # on the first piece, when asked for
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
@@ -131,11 +132,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         pending_ids: list[int] = []
         pending_lps: list[Any] = []
         want_lps = params.logprobs is not None
+        prompt_lps: list[Any] | None = None
 
         def piece(text: str, reason: str | None) -> Piece:
-            return Piece(
-                text, pending_ids, count, reason, cached, pending_lps if want_lps else None
+            nonlocal prompt_lps
+            p = Piece(
+                text,
+                pending_ids,
+                count,
+                reason,
+                cached,
+                pending_lps if want_lps else None,
+                prompt_lps,
             )
+            prompt_lps = None
+            return p
 
         start = last = time.monotonic()
         gen = client.generate(rid, prompt_ids, params, follows=follows)
@@ -154,6 +165,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 last = now
                 if d.cached_tokens is not None:
                     cached = d.cached_tokens
+                if d.prompt_logprobs is not None:
+                    prompt_lps = d.prompt_logprobs
                 count += len(d.new_token_ids)
                 metrics.generation_tokens.inc(len(d.new_token_ids))
                 ids = d.new_token_ids
@@ -212,9 +225,27 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         def tok(t: int) -> str:
             return tokenizer.decode([t])
 
-        def logprobs_obj(i: int, ids: list[int], lps: list[Any] | None) -> Any:
+        echo = getattr(req, "echo", False)
+        echoed = [False] * len(jobs)
+
+        def echo_text(i: int) -> str:
+            """The prompt's text, once per choice (completions with echo)."""
+            if not echo or echoed[i]:
+                return ""
+            echoed[i] = True
+            return tokenizer.decode(jobs[i][0])
+
+        def prompt_entries(i: int, plps: list[Any] | None) -> list[Any]:
+            """Completions-format logprobs of the echoed prompt (the first token has none)."""
+            prompt = jobs[i][0]
+            lps = [None] + [tuple(e) for e in plps or []]
+            return list(zip(prompt, lps, strict=False))
+
+        def logprobs_obj(
+            i: int, ids: list[int], lps: list[Any] | None, plps: list[Any] | None = None
+        ) -> Any:
             """OpenAI's logprobs shapes: completions (tokens, token_logprobs, top_logprobs,
-            text_offset) or chat (content entries with bytes and top_logprobs)."""
+            text_offset; the echoed prompt first) or chat (content entries with bytes)."""
             if lps is None:
                 return None
             if chat:
@@ -233,17 +264,34 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         }
                     )
                 return {"content": content}
-            strs = [tok(t) for t in ids[: len(lps)]]
+            pairs = list(zip(ids, lps, strict=False))
+            if plps is not None and echo:
+                pairs = prompt_entries(i, plps) + pairs
+            strs = [tok(t) for t, _ in pairs]
             text_offset = []
             for s in strs:
                 text_offset.append(offsets[i])
                 offsets[i] += len(s)
             return {
                 "tokens": strs,
-                "token_logprobs": [lp for lp, _ in lps],
-                "top_logprobs": [{tok(a): v for a, v in top} for _, top in lps],
+                "token_logprobs": [e[0] if e else None for _, e in pairs],
+                "top_logprobs": [{tok(a): v for a, v in e[1]} if e else None for _, e in pairs],
                 "text_offset": text_offset,
             }
+
+        def prompt_logprobs_field(i: int, plps: list[Any]) -> list[Any]:
+            """The ``prompt_logprobs`` extension: None for the first prompt token, then each
+            token's log-probability and the top-k there."""
+            out: list[Any] = [None]
+            for t, (lp, top) in zip(jobs[i][0][1:], plps, strict=False):
+                out.append(
+                    {
+                        "token": tok(t),
+                        "logprob": lp,
+                        "top_logprobs": [{"token": tok(a), "logprob": v} for a, v in top],
+                    }
+                )
+            return out
 
         def choice(
             i: int,
@@ -252,10 +300,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             first: bool = False,
             ids: list[int] | None = None,
             lps: list[Any] | None = None,
+            plps: list[Any] | None = None,
         ) -> dict[str, Any]:
-            lp_obj = logprobs_obj(i, ids or [], lps)
+            lp_obj = logprobs_obj(i, ids or [], lps, plps)
             if not chat:
-                c = {"index": i, "text": text or "", "logprobs": lp_obj, "finish_reason": reason}
+                text = echo_text(i) + (text or "")
+                c = {"index": i, "text": text, "logprobs": lp_obj, "finish_reason": reason}
+                if plps is not None and not echo:
+                    c["prompt_logprobs"] = prompt_logprobs_field(i, plps)
                 if req.return_token_ids and ids is not None:
                     c["token_ids"] = ids
                 return c
@@ -265,6 +317,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             if text is not None:
                 delta["content"] = text
             c = {"index": i, "delta": delta, "logprobs": lp_obj, "finish_reason": reason}
+            if plps is not None:
+                c["prompt_logprobs"] = prompt_logprobs_field(i, plps)
             if req.return_token_ids and ids is not None:
                 c["token_ids"] = ids
             return c
@@ -274,13 +328,18 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             async def collect(i: int):
                 parts, ids, n, reason, cached = [], [], 0, None, 0
                 lps: list[Any] | None = None
+                plps: list[Any] | None = None
                 async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
+                    if piece.prompt_logprobs is not None:
+                        plps = piece.prompt_logprobs
                     parts.append(piece.text)
                     ids += piece.token_ids
                     n, reason, cached = piece.num_tokens, piece.finish_reason, piece.cached_tokens
                     if piece.logprobs is not None:
                         lps = (lps or []) + piece.logprobs
-                return "".join(parts), n, reason, ids, cached, lps
+                if plps is None and jobs[i][1].prompt_logprobs is not None:
+                    plps = []  # a one-token prompt
+                return "".join(parts), n, reason, ids, cached, lps, plps
 
             tasks = [spawn(collect(i)) for i in range(len(jobs))]
             gathered = asyncio.gather(*tasks)
@@ -299,19 +358,20 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 metrics.requests.labels(endpoint, "error").inc()
             results = gathered.result()  # re-raises the first RequestError
             choices = []
-            for i, (text, _, reason, ids, _, lps) in enumerate(results):
+            for i, (text, _, reason, ids, _, lps, plps) in enumerate(results):
                 if chat:
                     c = {
                         "index": i,
                         "message": {"role": "assistant", "content": text},
                         "logprobs": logprobs_obj(i, ids, lps),
+                        **({"prompt_logprobs": prompt_logprobs_field(i, plps)} if plps else {}),
                         "finish_reason": reason,
                     }
                     if req.return_token_ids:
                         c["token_ids"] = ids
                     choices.append(c)
                 else:
-                    choices.append(choice(i, text, reason, ids=ids, lps=lps))
+                    choices.append(choice(i, text, reason, ids=ids, lps=lps, plps=plps))
             n_out = sum(r[1] for r in results)
             metrics.requests.labels(endpoint, "ok").inc()
             return JSONResponse(
@@ -370,6 +430,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                         item.finish_reason,
                                         ids=item.token_ids,
                                         lps=item.logprobs,
+                                        plps=item.prompt_logprobs,
                                     )
                                 ],
                             }

@@ -35,7 +35,6 @@ class RequestError(ValueError):
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "top_logprobs": (None, 0),
-    "echo": (None, False),
     "suffix": (None,),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -54,6 +53,7 @@ _COMMON = {
     "ignore_eos",
     "n",
     "logprobs",
+    "prompt_logprobs",
     "min_p",
     "min_tokens",
     "presence_penalty",
@@ -65,7 +65,7 @@ _COMMON = {
     "stream_options",
     "return_token_ids",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
 CHAT_FIELDS = _COMMON | {
     "messages",
     "max_completion_tokens",
@@ -86,6 +86,7 @@ class GenerationRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     return_token_ids: bool = False  # extension (as in vLLM): token ids in each choice
     n: int = 1  # samples per prompt
+    echo: bool = False  # completions: the prompt's text (and logprobs) before the output
 
 
 @dataclass
@@ -202,6 +203,14 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     except ValueError as e:
         name = next((k for k in sampling if k in str(e)), None)
         raise RequestError(str(e), param=name) from None
+    plp = body.get("prompt_logprobs")
+    if plp is not None:
+        if isinstance(plp, bool) or not isinstance(plp, int) or not 0 <= plp <= MAX_LOGPROBS:
+            raise RequestError(
+                f"'prompt_logprobs' must be an integer from 0 to {MAX_LOGPROBS}",
+                param="prompt_logprobs",
+            )
+        sampling["prompt_logprobs"] = plp
     n = _number(body, "n", integer=True)
     if n is not None and not 1 <= n <= MAX_N:
         raise RequestError(f"'n' must be between 1 and {MAX_N}", param="n")
@@ -260,7 +269,12 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
                 f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", param="logprobs"
             )
         common["sampling"]["logprobs"] = k
-    return CompletionRequest(**common, prompts=prompts)
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise RequestError("'echo' must be a boolean", param="echo")
+    if echo and k is not None:
+        common["sampling"].setdefault("prompt_logprobs", k)
+    return CompletionRequest(**common, prompts=prompts, echo=echo)
 
 
 def parse_chat(body: Any) -> ChatRequest:

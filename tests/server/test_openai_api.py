@@ -160,7 +160,8 @@ def test_64_concurrent_streams_are_token_exact(server, served_model):
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),
         ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
         ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
-        ({"prompt": "x", "echo": True}, 400, "echo"),
+        ({"prompt": "x", "echo": 1}, 400, "echo"),
+        ({"prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs"),
         ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
         ({"prompt": ""}, 400, "prompt"),
         ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
@@ -305,6 +306,41 @@ def test_logprobs_in_openai_shapes_streaming_and_not(server, served_model):
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content])
     bad = server.post("/v1/chat/completions", json={"messages": msgs, "top_logprobs": 2})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
+def test_echo_and_prompt_logprobs(server, served_model):
+    c = client(server)
+    prompt = [5, 6, 7, 8, 9]
+    kw = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0, "logprobs": 2}
+    r = c.completions.create(echo=True, extra_body={"ignore_eos": True}, **kw)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(prompt) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    offline = LLM(str(served_model)).generate(
+        [prompt], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    )[0]
+    want = [v for v, _ in offline.prompt_logprobs]
+    assert lp.token_logprobs[1 : len(prompt)] == pytest.approx(want, abs=1e-5)
+    plain = c.completions.create(extra_body={"ignore_eos": True}, **kw)
+    prompt_text = r.choices[0].text[: len(r.choices[0].text) - len(plain.choices[0].text)]
+    assert r.choices[0].text == prompt_text + plain.choices[0].text and prompt_text
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            echo=True, stream=True, extra_body={"ignore_eos": True}, **kw
+        )
+        if ch.choices
+    )
+    assert streamed == r.choices[0].text
+    chat = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+        extra_body={"prompt_logprobs": 1, "ignore_eos": True},
+    )
+    plp = chat.choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == chat.usage.prompt_tokens
+    assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 1 for e in plp[1:])
 
 
 def test_context_overflow_names_both_numbers(server):
