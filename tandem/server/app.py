@@ -207,13 +207,18 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         plist = [params_for(req, len(p), default_max) for p in prompts]
         # n samples per prompt: choice p * n + j. Samples after the first follow it (they
         # reuse its prefill through the prefix cache) and draw with seed + j.
+        # best_of (completions): sample m >= n per prompt, return the n with the highest total
+        # log-probability (so those samples carry their log-probabilities internally).
         n = req.n
-        rids = [uuid.uuid4().hex for _ in range(len(prompts) * n)]
+        m = getattr(req, "best_of", None) or n
+        rids = [uuid.uuid4().hex for _ in range(len(prompts) * m)]
         jobs: list[tuple[list[int], SamplingParams, str, str | None]] = []
         for p, (prompt, sp) in enumerate(zip(prompts, plist, strict=True)):
-            for j in range(n):
+            if m > n and sp.logprobs is None:
+                sp = replace(sp, logprobs=0)
+            for j in range(m):
                 seeded = sp if sp.seed is None or j == 0 else replace(sp, seed=sp.seed + j)
-                jobs.append((prompt, seeded, rids[p * n + j], rids[p * n] if j else None))
+                jobs.append((prompt, seeded, rids[p * m + j], rids[p * m] if j else None))
         check_capacity(len(jobs))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -357,11 +362,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     t.cancel()
                 metrics.requests.labels(endpoint, "error").inc()
             results = gathered.result()  # re-raises the first RequestError
+            keep = list(range(len(jobs)))
+            if m > n:
+                keep = []
+                for p in range(len(prompts)):
+                    group = range(p * m, (p + 1) * m)
+                    score = {i: sum(lp for lp, _ in results[i][5] or []) for i in group}
+                    keep += sorted(group, key=lambda i: -score[i])[:n]
             choices = []
-            for i, (text, _, reason, ids, _, lps, plps) in enumerate(results):
+            for index, i in enumerate(keep):
+                text, _, reason, ids, _, lps, plps = results[i]
+                if m > n and req.sampling.get("logprobs") is None:
+                    lps = None
                 if chat:
                     c = {
-                        "index": i,
+                        "index": index,
                         "message": {"role": "assistant", "content": text},
                         "logprobs": logprobs_obj(i, ids, lps),
                         **({"prompt_logprobs": prompt_logprobs_field(i, plps)} if plps else {}),
@@ -371,7 +386,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         c["token_ids"] = ids
                     choices.append(c)
                 else:
-                    choices.append(choice(i, text, reason, ids=ids, lps=lps, plps=plps))
+                    c = choice(i, text, reason, ids=ids, lps=lps, plps=plps)
+                    c["index"] = index
+                    choices.append(c)
             n_out = sum(r[1] for r in results)
             metrics.requests.labels(endpoint, "ok").inc()
             return JSONResponse(
@@ -379,7 +396,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     **base,
                     "object": obj,
                     "choices": choices,
-                    "usage": usage(sum(map(len, prompts)), n_out, sum(r[4] for r in results[::n])),
+                    "usage": usage(sum(map(len, prompts)), n_out, sum(r[4] for r in results[::m])),
                 }
             )
 
@@ -444,7 +461,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                             "object": chunk_obj,
                             "choices": [],
                             "usage": usage(
-                                sum(map(len, prompts)), sum(counts), sum(cached_counts[::n])
+                                sum(map(len, prompts)), sum(counts), sum(cached_counts[::m])
                             ),
                         }
                     )

@@ -33,7 +33,6 @@ class RequestError(ValueError):
 
 # Neutral values of fields later issues implement: accepted only as these.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1),
     "top_logprobs": (None, 0),
     "suffix": (None,),
     "tools": (None, []),
@@ -65,7 +64,7 @@ _COMMON = {
     "stream_options",
     "return_token_ids",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of"}
 CHAT_FIELDS = _COMMON | {
     "messages",
     "max_completion_tokens",
@@ -87,6 +86,7 @@ class GenerationRequest:
     return_token_ids: bool = False  # extension (as in vLLM): token ids in each choice
     n: int = 1  # samples per prompt
     echo: bool = False  # completions: the prompt's text (and logprobs) before the output
+    best_of: int | None = None  # completions: sample this many, return the n most likely
 
 
 @dataclass
@@ -274,7 +274,15 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
         raise RequestError("'echo' must be a boolean", param="echo")
     if echo and k is not None:
         common["sampling"].setdefault("prompt_logprobs", k)
-    return CompletionRequest(**common, prompts=prompts, echo=echo)
+    best_of = _number(body, "best_of", integer=True)
+    if best_of is not None:
+        if not common["n"] <= best_of <= MAX_N:
+            raise RequestError(
+                f"'best_of' must be between n ({common['n']}) and {MAX_N}", param="best_of"
+            )
+        if common["stream"] and best_of > common["n"]:
+            raise RequestError("'best_of' cannot be streamed", param="best_of")
+    return CompletionRequest(**common, prompts=prompts, echo=echo, best_of=best_of)
 
 
 def parse_chat(body: Any) -> ChatRequest:

@@ -343,6 +343,36 @@ def test_echo_and_prompt_logprobs(server, served_model):
     assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 1 for e in plp[1:])
 
 
+def test_best_of_returns_the_most_likely_samples(server, served_model):
+    c = client(server)
+    prompt = [5, 6, 7]
+    r = c.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=6,
+        temperature=1.0,
+        seed=40,
+        n=2,
+        best_of=4,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    got = [tuple(ch.model_extra["token_ids"]) for ch in r.choices]
+    assert [ch.index for ch in r.choices] == [0, 1] and r.choices[0].logprobs is None
+    llm = LLM(str(served_model))
+    samples = llm.generate(
+        [prompt] * 4,
+        [
+            SamplingParams(max_tokens=6, temperature=1.0, seed=40 + j, ignore_eos=True, logprobs=0)
+            for j in range(4)
+        ],
+    )
+    ranked = sorted(samples, key=lambda o: -sum(v for v, _ in o.logprobs))
+    assert got == [tuple(o.token_ids) for o in ranked[:2]]
+    assert r.usage.completion_tokens == 24  # every sample counts
+    bad = server.post("/v1/completions", json={"prompt": "x", "n": 3, "best_of": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "best_of"
+
+
 def test_context_overflow_names_both_numbers(server):
     r = server.post("/v1/completions", json={"prompt": [5] * 100, "max_tokens": 4000})
     assert r.status_code == 400
