@@ -17,6 +17,7 @@ import numpy as np
 from tandem.engine.plan import RowSampling
 
 _GOLDEN = 0x9E3779B1
+CANDIDATES_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,15 @@ class SamplingArrays:
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
-    greedy: mx.array | None = None  # (R,) bool
-    inv_temperature: mx.array | None = None  # (R, 1)
-    top_k: mx.array | None = None  # (R, 1) int32, vocab size when disabled
-    top_p: mx.array | None = None  # (R, 1)
-    seed: mx.array | None = None  # (R, 1) uint32
-    log_min_p: mx.array | None = None  # (R, 1); -inf where min_p is 0
+    # The S sampled rows, and their parameters (S, 1).
+    sampled_rows: mx.array | None = None
+    num_rows: int = 0
+    candidates: int = 0  # > 0: draw among each row's top-`candidates` tokens only
+    inv_temperature: mx.array | None = None
+    top_k: mx.array | None = None  # int32, vocab size when disabled
+    top_p: mx.array | None = None
+    seed: mx.array | None = None  # uint32
+    log_min_p: mx.array | None = None  # -inf where min_p is 0
     # Sparse edits: flat indices row * V + token into the (R, V) logits.
     bias_index: mx.array | None = None
     bias_value: mx.array | None = None
@@ -99,21 +103,28 @@ def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
         edits["lp_k"] = min(max(k for _, k in s.logprobs), vocab_size)
     if s.all_greedy:
         return SamplingArrays(True, False, False, **edits)
-    any_k = any(0 < k < vocab_size for k, t in zip(s.top_k, s.temperature, strict=True) if t > 0)
-    any_p = any(p < 1.0 for p, t in zip(s.top_p, s.temperature, strict=True) if t > 0)
-    ks = [k if 0 < k < vocab_size else vocab_size for k in s.top_k]
+    # Only the sampled rows are filtered and drawn from; greedy rows just take the argmax.
+    rows = [i for i, t in enumerate(s.temperature) if t > 0]
+    ks = [s.top_k[i] if 0 < s.top_k[i] < vocab_size else vocab_size for i in rows]
+    ps = [s.top_p[i] for i in rows]
+    min_ps = [s.min_p[i] for i in rows] if s.min_p else [0.0] * len(rows)
+    # With every sampled row under a small top-k, filter and draw among the top-k candidates
+    # only (same tokens as over the whole vocabulary: the same set and per-column noise).
+    cand = max(ks) if max(ks) <= CANDIDATES_MAX and max(ks) < vocab_size else 0
     return SamplingArrays(
         all_greedy=False,
-        any_top_k=any_k,
-        any_top_p=any_p,
-        greedy=mx.array([t == 0 for t in s.temperature]),
-        inv_temperature=mx.array([1.0 / t if t > 0 else 1.0 for t in s.temperature])[:, None],
+        any_top_k=any(k < vocab_size for k in ks),
+        any_top_p=any(p < 1.0 for p in ps),
+        sampled_rows=mx.array(rows, dtype=mx.int32),
+        num_rows=len(s.temperature),
+        candidates=cand,
+        inv_temperature=mx.array([1.0 / s.temperature[i] for i in rows])[:, None],
         top_k=mx.array(ks, dtype=mx.int32)[:, None],
-        top_p=mx.array(s.top_p, dtype=mx.float32)[:, None],
-        seed=mx.array([x & 0xFFFFFFFF for x in s.seed], dtype=mx.uint32)[:, None],
+        top_p=mx.array(ps, dtype=mx.float32)[:, None],
+        seed=mx.array([s.seed[i] & 0xFFFFFFFF for i in rows], dtype=mx.uint32)[:, None],
         log_min_p=(
-            mx.array([math.log(p) if p > 0 else -math.inf for p in s.min_p])[:, None]
-            if s.min_p and any(p > 0 for p, t in zip(s.min_p, s.temperature, strict=True) if t > 0)
+            mx.array([math.log(p) if p > 0 else -math.inf for p in min_ps])[:, None]
+            if any(p > 0 for p in min_ps)
             else None
         ),
         **edits,
@@ -188,11 +199,15 @@ def _mix(x: mx.array) -> mx.array:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seed: mx.array, positions: mx.array, vocab_size: int) -> mx.array:
-    """(R, V) floats in (0, 1), a pure function of (seed, position, column)."""
+def uniform_noise(
+    seed: mx.array, positions: mx.array, vocab_size: int, cols: mx.array | None = None
+) -> mx.array:
+    """(R, V) — or (R, K) at ``cols`` — floats in (0, 1), a pure function of (seed, position,
+    column)."""
     row_key = _mix(seed ^ _mix(positions.astype(mx.uint32)[:, None] * _GOLDEN + 1))
-    cols = mx.arange(vocab_size, dtype=mx.uint32)[None]
-    bits = _mix(row_key + cols * mx.array(_GOLDEN, dtype=mx.uint32))
+    if cols is None:
+        cols = mx.arange(vocab_size, dtype=mx.uint32)[None]
+    bits = _mix(row_key + cols.astype(mx.uint32) * mx.array(_GOLDEN, dtype=mx.uint32))
     return ((bits >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
 
 
@@ -203,8 +218,36 @@ def sample(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> m
     greedy_tokens = mx.argmax(logits, axis=-1)
     if s.all_greedy:
         return greedy_tokens
-    assert positions is not None
-    x = logits.astype(mx.float32) * s.inv_temperature
+    assert positions is not None and s.sampled_rows is not None
+    rows = s.sampled_rows
+    x = logits[rows].astype(mx.float32) * s.inv_temperature
+    pos = positions[rows]
+    draw = _draw_candidates if s.candidates else _draw_full
+    sampled = draw(x, s, pos)
+    if s.num_rows == x.shape[0]:
+        return sampled.astype(greedy_tokens.dtype)
+    n = s.num_rows
+    placed = mx.zeros((n,), dtype=mx.int32).at[rows].add(sampled.astype(mx.int32))
+    is_sampled = mx.zeros((n,), dtype=mx.int32).at[rows].add(1) > 0
+    return mx.where(is_sampled, placed.astype(greedy_tokens.dtype), greedy_tokens)
+
+
+def _filter_sorted(desc: mx.array, s: SamplingArrays) -> mx.array:
+    """Top-k then top-p on descending (already min-p filtered) logits: -inf outside."""
+    if s.any_top_k:
+        ranks = mx.arange(desc.shape[-1], dtype=mx.int32)[None]
+        desc = mx.where(ranks < s.top_k, desc, -mx.inf)
+    if s.any_top_p:
+        probs = mx.softmax(desc, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always).
+        before = mx.cumsum(probs, axis=-1) - probs
+        keep = mx.sum(before < s.top_p, axis=-1, keepdims=True)
+        cutoff = mx.take_along_axis(desc, keep - 1, axis=-1)
+        desc = mx.where(desc >= cutoff, desc, -mx.inf)
+    return desc
+
+
+def _draw_full(x: mx.array, s: SamplingArrays, pos: mx.array) -> mx.array:
     vocab = x.shape[-1]
     if s.log_min_p is not None:
         # p >= min_p * p_max  <=>  x >= x_max + log(min_p)   (x already divided by T)
@@ -213,16 +256,25 @@ def sample(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> m
         desc = -mx.sort(-x, axis=-1)
         if s.any_top_k:
             kth = mx.take_along_axis(desc, s.top_k - 1, axis=-1)
-            ranks = mx.arange(vocab, dtype=mx.int32)[None]
-            desc = mx.where(ranks < s.top_k, desc, -mx.inf)
             x = mx.where(x >= kth, x, -mx.inf)
         if s.any_top_p:
-            probs = mx.softmax(desc, axis=-1)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always).
-            before = mx.cumsum(probs, axis=-1) - probs
-            keep = mx.sum(before < s.top_p, axis=-1, keepdims=True)
-            cutoff = mx.take_along_axis(desc, keep - 1, axis=-1)
+            filtered = _filter_sorted(desc, s)
+            cutoff = mx.min(mx.where(filtered > -mx.inf, filtered, mx.inf), axis=-1, keepdims=True)
             x = mx.where(x >= cutoff, x, -mx.inf)
-    u = uniform_noise(s.seed, positions, vocab)
-    sampled = mx.argmax(x - mx.log(-mx.log(u)), axis=-1)
-    return mx.where(s.greedy, greedy_tokens, sampled)
+    u = uniform_noise(s.seed, pos, vocab)
+    return mx.argmax(x - mx.log(-mx.log(u)), axis=-1)
+
+
+def _draw_candidates(x: mx.array, s: SamplingArrays, pos: mx.array) -> mx.array:
+    k = s.candidates
+    idx = mx.argpartition(-x, k - 1, axis=-1)[:, :k]
+    vals = mx.take_along_axis(x, idx, axis=-1)
+    order = mx.argsort(-vals, axis=-1)
+    idx = mx.take_along_axis(idx, order, axis=-1)
+    desc = mx.take_along_axis(vals, order, axis=-1)
+    if s.log_min_p is not None:
+        desc = mx.where(desc >= desc[:, :1] + s.log_min_p, desc, -mx.inf)
+    desc = _filter_sorted(desc, s)
+    u = uniform_noise(s.seed, pos, x.shape[-1], cols=idx)
+    choice = mx.argmax(desc - mx.log(-mx.log(u)), axis=-1)
+    return mx.take_along_axis(idx, choice[:, None], axis=-1)[:, 0]

@@ -166,3 +166,24 @@ def test_top_k_one_equals_greedy(tiny_model_dir):
         [prompt], SamplingParams(max_tokens=16, temperature=1.3, top_k=1, seed=3, ignore_eos=True)
     )
     assert g[0].token_ids == k1[0].token_ids
+
+
+def test_top_k_candidates_draw_the_same_tokens_as_the_full_vocabulary():
+    from dataclasses import replace
+
+    rng = np.random.default_rng(0)
+    rows, vocab = 64, 300
+    logits = mx.array(rng.normal(size=(rows, vocab)).astype(np.float32) * 3)
+    s = RowSampling(
+        tuple(0.0 if i % 4 == 0 else 0.7 + i / 100 for i in range(rows)),
+        tuple(5 + i % 30 for i in range(rows)),
+        tuple(1.0 if i % 3 else 0.85 for i in range(rows)),
+        tuple(range(rows)),
+        min_p=tuple(0.05 if i % 5 == 0 else 0.0 for i in range(rows)),
+    )
+    arrays = make_sampling_arrays(s, vocab)
+    assert arrays.candidates == 34
+    full = replace(arrays, candidates=0)
+    for pos in range(5):
+        p = mx.full((rows,), pos, dtype=mx.int32)
+        assert sample(logits, arrays, p).tolist() == sample(logits, full, p).tolist()
