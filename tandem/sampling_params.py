@@ -105,11 +105,16 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
 
+INT_MAX = 2**63 - 1  # every integer must travel to the engine process (msgpack: 64 bits)
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > INT_MAX:
+        raise ValueError(f"{name} must be <= {INT_MAX}, got {value}")
 
 
 def _check_float(name: str, value: object) -> None:

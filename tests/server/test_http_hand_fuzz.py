@@ -1,0 +1,88 @@
+"""A hand list of hostile requests: every one gets a 4xx with an OpenAI error body (or a
+normal answer), never a 5xx, and the server stays healthy and correct afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.testing.live_server import Server
+
+BIG = 10**30
+MSG = [{"role": "user", "content": "hi"}]
+
+CASES = [
+    ("/v1/completions", b"{"),
+    ("/v1/completions", b"\xff\xfe\x00 not utf-8"),
+    ("/v1/completions", b"[]"),
+    ("/v1/completions", b"null"),
+    ("/v1/completions", b'"prompt"'),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}'),
+    ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
+]
+BODIES = [
+    ("/v1/completions", {"prompt": "x", "max_tokens": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "top_k": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "n": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "logprobs": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": BIG}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "logit_bias": {str(BIG): 1}}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "stop_token_ids": [BIG]}),
+    ("/v1/completions", {"prompt": [BIG]}),
+    ("/v1/completions", {"prompt": [-1]}),
+    ("/v1/completions", {"prompt": [[]]}),
+    ("/v1/completions", {"prompt": ["x", 5]}),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 10_000}),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": -0.0}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True, "x": 1}}),
+    ("/v1/completions", {"prompt": "x", "user": ["a"]}),
+    ("/v1/completions", {"prompt": "x" * 200_000}),
+    ("/v1/chat/completions", {"messages": []}),
+    ("/v1/chat/completions", {"messages": "hi"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image"}]}]}),
+    ("/v1/chat/completions", {"messages": MSG * 5_000, "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 0}),
+    ("/v1/chat/completions", {"messages": MSG, "chat_template_kwargs": "x"}),
+    ("/v1/chat/completions", {"messages": MSG, "top_logprobs": BIG, "logprobs": True}),
+    ("/v1/chat/completions", {"messages": MSG, "n": 0}),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    s = Server(tiny_model_dir("llama"))
+    yield s
+    s.stop()
+
+
+def _check(r) -> None:
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert err["message"] and err["type"]
+
+
+@pytest.mark.parametrize(("path", "raw"), CASES)
+def test_malformed_bodies_get_4xx(server, path, raw):
+    headers = {**server.headers(), "content-type": "application/json"}
+    _check(server.post(path, content=raw, headers=headers))
+
+
+@pytest.mark.parametrize(("path", "body"), BODIES, ids=[str(i) for i in range(len(BODIES))])
+def test_hostile_values_never_5xx(server, path, body):
+    _check(server.post(path, json=body))
+
+
+def test_server_is_healthy_and_exact_after_the_fuzz(server):
+    assert server.get("/health").status_code == 200
+    r = server.post(
+        "/v1/completions",
+        json={"prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
