@@ -30,7 +30,8 @@ class Tokenizer:
             return cls(tokenizer_from_gguf(meta, path), set(eos_token_ids(meta)))
         from transformers import AutoTokenizer
 
-        hf = AutoTokenizer.from_pretrained(str(path))
+        # Never run code shipped with a model folder (no trust_remote_code).
+        hf = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         eos = _ids(hf.eos_token_id)
         for name in ("generation_config.json", "config.json"):
             f = path / name

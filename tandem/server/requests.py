@@ -13,6 +13,7 @@ from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_N = 16
+MAX_MESSAGES = 1024
 
 
 class RequestError(ValueError):
@@ -293,6 +294,8 @@ def parse_chat(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(f"at most {MAX_MESSAGES} messages", param="messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:

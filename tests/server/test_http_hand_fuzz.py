@@ -79,6 +79,11 @@ def test_hostile_values_never_5xx(server, path, body):
     _check(server.post(path, json=body))
 
 
+def test_message_count_is_limited(server):
+    r = server.post("/v1/chat/completions", json={"messages": MSG * 1025, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
 def test_server_is_healthy_and_exact_after_the_fuzz(server):
     assert server.get("/health").status_code == 200
     r = server.post(
@@ -86,3 +91,45 @@ def test_server_is_healthy_and_exact_after_the_fuzz(server):
         json={"prompt": [5, 6, 7], "max_tokens": 5, "temperature": 0, "ignore_eos": True},
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_disconnect_while_queued_leaves_no_trace(tiny_model_dir):
+    """One row: a long request runs, a second waits in the queue; its client leaves. The
+    queued request is dropped without ever running, and the server answers exactly after."""
+    import threading
+    import time
+
+    import httpx
+
+    s = Server(tiny_model_dir("llama"), "--max-num-seqs", "1")
+    try:
+        long = {"prompt": "a", "max_tokens": 1500, "ignore_eos": True}
+        t = threading.Thread(target=lambda: s.post("/v1/completions", json=long))
+        t.start()
+        time.sleep(0.5)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                s.url + "/v1/completions",
+                headers=s.headers(),
+                timeout=0.5,
+                json={"prompt": "queued", "max_tokens": 50, "ignore_eos": True},
+            )
+        t.join(60)
+
+        def metric(name: str) -> float:
+            for line in s.get("/metrics").text.splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            raise KeyError(name)
+
+        deadline = time.time() + 10
+        while time.time() < deadline and metric("tandem_num_requests_running") > 0:
+            time.sleep(0.1)
+        assert metric("tandem_num_requests_running") == 0
+        assert metric("tandem_num_requests_waiting") == 0
+        # Only the long request generated tokens: the queued one never ran.
+        assert metric("tandem_generation_tokens_total") == 1500
+        r = s.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        s.stop()
