@@ -14,6 +14,7 @@ from tandem.runner.kv import ROW_STEP, KVPool, KVShape
 from tandem.runner.sampler import (
     SamplingArrays,
     advance,
+    logprobs_of,
     make_sampling_arrays,
     sample,
     token_logprobs,
@@ -59,20 +60,8 @@ def _chunk_logprobs(
 ) -> tuple[str, int, tuple[mx.array, mx.array, mx.array]]:
     """Log-probabilities of each chunk position's next token (the chunk's own tokens shifted
     by one, then the token after it) and the top ``chunk.logprobs`` there."""
-    x = logits.astype(mx.float32)
-    lps = x - mx.logsumexp(x, axis=-1, keepdims=True)
     nxt = mx.array(list(chunk.token_ids[1:]) + [chunk.next_token], dtype=mx.int32)
-    chosen = mx.take_along_axis(lps, nxt[:, None], axis=-1)[:, 0]
-    k = max(chunk.logprobs, 1)
-    top = mx.argpartition(-lps, k - 1, axis=-1)[:, :k]
-    top_lps = mx.take_along_axis(lps, top, axis=-1)
-    order = mx.argsort(-top_lps, axis=-1)
-    arrays = (
-        chosen,
-        mx.take_along_axis(top, order, axis=-1),
-        mx.take_along_axis(top_lps, order, axis=-1),
-    )
-    return chunk.request_id, chunk.logprobs, arrays
+    return chunk.request_id, chunk.logprobs, logprobs_of(logits, nxt, chunk.logprobs)
 
 
 class _ProbeCache:

@@ -138,10 +138,16 @@ def token_logprobs(
     and the top ``lp_k`` (ids, log-probabilities), best first."""
     if s.lp_rows is None:
         return None
-    x = logits[s.lp_rows].astype(mx.float32)
+    return logprobs_of(logits[s.lp_rows], tokens[s.lp_rows], s.lp_k)
+
+
+def logprobs_of(logits: mx.array, tokens: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Log-softmax of (N, V) logits: each row's ``tokens`` entry and its top ``k`` (ids and
+    values, best first; at least one is computed)."""
+    x = logits.astype(mx.float32)
     lps = x - mx.logsumexp(x, axis=-1, keepdims=True)
-    chosen = mx.take_along_axis(lps, tokens[s.lp_rows].astype(mx.int32)[:, None], axis=-1)[:, 0]
-    k = max(s.lp_k, 1)
+    chosen = mx.take_along_axis(lps, tokens.astype(mx.int32)[:, None], axis=-1)[:, 0]
+    k = max(k, 1)
     top = mx.argpartition(-lps, k - 1, axis=-1)[:, :k]
     top_lps = mx.take_along_axis(lps, top, axis=-1)
     order = mx.argsort(-top_lps, axis=-1)
