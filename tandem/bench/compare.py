@@ -244,20 +244,31 @@ class Prompts:
 # --- driving ---------------------------------------------------------------------------------
 
 
-def drive(server: Server, specs: list[RequestSpec], concurrency: int, timeout: float) -> dict:
-    """One run of ``specs`` at ``concurrency`` against one server; the metric dict."""
-    server.check_alive()
-    coro = run(
+async def run_on(
+    server: Server,
+    specs: list[RequestSpec],
+    concurrency: int | None,
+    request_rate: float = float("inf"),
+    seed: int = 0,
+) -> tuple[list, float]:
+    """Stream ``specs`` to ``server``'s /v1/completions (EOS ignored, no progress bar)."""
+    return await run(
         server.url,
         "/v1/completions",
         server.model_name,
         specs,
         max_concurrency=concurrency,
-        request_rate=float("inf"),
+        request_rate=request_rate,
         ignore_eos=True,
-        seed=0,
+        seed=seed,
         progress=False,
     )
+
+
+def drive(server: Server, specs: list[RequestSpec], concurrency: int, timeout: float) -> dict:
+    """One run of ``specs`` at ``concurrency`` against one server; the metric dict."""
+    server.check_alive()
+    coro = run_on(server, specs, concurrency)
     try:
         records, duration = asyncio.run(asyncio.wait_for(coro, timeout))
     except TimeoutError:
@@ -272,18 +283,7 @@ def warm_up(servers: list[Server], prompts: Prompts, dataset: str, conc: list[in
     every prefix of the pool on every server."""
 
     async def one(server: Server, specs: list[RequestSpec], c: int) -> None:
-        records, duration = await run(
-            server.url,
-            "/v1/completions",
-            server.model_name,
-            specs,
-            max_concurrency=c,
-            request_rate=float("inf"),
-            ignore_eos=True,
-            seed=0,
-            progress=False,
-        )
-        m = compute(records, duration)
+        m = compute(*await run_on(server, specs, c))
         if m["failed"]:
             raise ServerError(
                 server, f"failed {m['failed']} of {len(specs)} warm-up requests: {m['errors']}"

@@ -27,34 +27,21 @@ from tandem.bench.compare import (
     Server,
     free_ports,
     launch,
+    run_on,
     server_command,
     stop_all,
     wait_ready,
 )
 from tandem.bench.datasets import RequestSpec, TextMaker
-from tandem.bench.serve_client import run
 from tandem.bench.serve_metrics import compute
 
 
 async def _one_run(
     server: Server, streams: list[RequestSpec], longs: list[RequestSpec], args
 ) -> dict[str, Any]:
-    async def client(specs, conc, rate):
-        return await run(
-            server.url,
-            "/v1/completions",
-            server.model_name,
-            specs,
-            max_concurrency=conc,
-            request_rate=rate,
-            ignore_eos=True,
-            seed=1,
-            progress=False,
-        )
-
-    jobs = [client(streams, len(streams), float("inf"))]
+    jobs = [run_on(server, streams, len(streams), seed=1)]
     if longs:
-        jobs.append(client(longs, None, args.long_rate))
+        jobs.append(run_on(server, longs, None, args.long_rate, seed=1))
     results = await asyncio.gather(*jobs)
     m = compute(*results[0])
     out = {

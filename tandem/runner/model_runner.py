@@ -55,6 +55,17 @@ def group_first_chunks(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
     return groups
 
 
+def _entries(
+    arrays: tuple[mx.array, mx.array, mx.array], ks: list[int]
+) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """(chosen, top ids, top values) → per row: (log-probability, its top ``ks[i]`` pairs)."""
+    chosen, top_ids, top_lps = (a.tolist() for a in arrays)
+    return [
+        (c, tuple(zip(i[:k], v[:k], strict=True)))
+        for c, i, v, k in zip(chosen, top_ids, top_lps, ks, strict=True)
+    ]
+
+
 def _chunk_logprobs(
     logits: mx.array, chunk: PrefillChunk
 ) -> tuple[str, int, tuple[mx.array, mx.array, mx.array]]:
@@ -197,17 +208,10 @@ class ModelRunner:
         if handle.prompt_logprobs:
             prompt = {}
             for rid, k, arrays in handle.prompt_logprobs:
-                chosen, top_ids, top_lps = (a.tolist() for a in arrays)
-                entries = [
-                    (c, tuple(zip(i[:k], v[:k], strict=True)))
-                    for c, i, v in zip(chosen, top_ids, top_lps, strict=True)
-                ]
-                prompt[rid] = prompt.get(rid, []) + entries
+                prompt[rid] = prompt.get(rid, []) + _entries(arrays, [k] * arrays[0].size)
         if handle.logprobs is None:
             return StepResult(handle.plan.step_id, tokens, None, prompt)
-        chosen, top_ids, top_lps = (a.tolist() for a in handle.logprobs)
-        by_row = {}
-        for i, (row, k) in enumerate(handle.plan.sampling.logprobs):
-            top = tuple(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
-            by_row[row] = (chosen[i], top)
+        rows = handle.plan.sampling.logprobs
+        entries = _entries(handle.logprobs, [k for _, k in rows])
+        by_row = {row: e for (row, _), e in zip(rows, entries, strict=True)}
         return StepResult(handle.plan.step_id, tokens, by_row, prompt)

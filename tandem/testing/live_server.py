@@ -79,6 +79,13 @@ class Server:
     def get(self, path: str, **kw) -> httpx.Response:
         return httpx.get(self.url + path, headers=self.headers(), timeout=30, **kw)
 
+    def metric(self, name: str) -> float:
+        """One unlabelled value from /metrics."""
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
     def post(self, path: str, **kw) -> httpx.Response:
         kw.setdefault("headers", self.headers())
         return httpx.post(self.url + path, timeout=60, **kw)

@@ -116,12 +116,7 @@ def test_disconnect_while_queued_leaves_no_trace(tiny_model_dir):
             )
         t.join(60)
 
-        def metric(name: str) -> float:
-            for line in s.get("/metrics").text.splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-            raise KeyError(name)
-
+        metric = s.metric
         deadline = time.time() + 10
         while time.time() < deadline and metric("tandem_num_requests_running") > 0:
             time.sleep(0.1)

@@ -417,10 +417,7 @@ def test_malformed_json_oversized_body_and_auth(server):
 
 
 def metric(server, name: str) -> float:
-    for line in server.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    return server.metric(name)
 
 
 def test_disconnect_aborts_and_frees_kv(server):
