@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tandem.config import EngineConfig
 from tandem.engine.engine import Engine
+from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.model_source import resolve_model
@@ -81,5 +82,6 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         check_invariants=config.check_invariants,
         seed=config.seed,
         vocab_size=runner.vocab_size,
+        grammar=lambda: GrammarCompiler(tokenizer.hf, runner.vocab_size, tokenizer.eos_token_ids),
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)

@@ -9,7 +9,7 @@ from tandem.build import build_engine
 from tandem.config import EngineConfig
 from tandem.frontend.tokenizer import IncrementalDetokenizer
 from tandem.outputs import RequestOutput
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import SamplingParams, stop_token_set
 
 Prompt = str | list[int]
 
@@ -89,7 +89,7 @@ class LLM:
                 rid,
                 toks,
                 tokens[rid],
-                self._text(tokens[rid], reasons[rid]),
+                self._text(tokens[rid], reasons[rid], sp),
                 reasons[rid],
                 logprobs[rid] if sp.logprobs is not None else None,
                 prompt_lps[rid] if sp.prompt_logprobs is not None else None,
@@ -102,7 +102,8 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yield the growing output after each step; closing the iterator aborts the request."""
         toks = self.encode(prompt)
-        rid = self.engine.add_request(toks, sampling_params or SamplingParams())
+        params = sampling_params or SamplingParams()
+        rid = self.engine.add_request(toks, params)
         detok = IncrementalDetokenizer(self.tokenizer, toks)
         token_ids: list[int] = []
         text = ""
@@ -117,16 +118,21 @@ class LLM:
                     finished = out.finished
                     reason = out.finish_reason
                     if finished:
-                        text = self._text(token_ids, reason)
+                        text = self._text(token_ids, reason, params)
                     yield RequestOutput(rid, toks, list(token_ids), text, reason)
         finally:
             if not finished:
                 self.engine.abort(rid)
                 self._run_until_idle()
 
-    def _text(self, token_ids: list[int], reason: str | None) -> str:
-        # The stop token itself is not part of the text.
-        ids = token_ids[:-1] if reason == "stop" and token_ids else token_ids
+    def _text(self, token_ids: list[int], reason: str | None, params: SamplingParams) -> str:
+        # The stop token itself is not part of the text (a completed grammar's last token is).
+        stop = stop_token_set(params, self.engine.eos_token_ids)
+        ids = (
+            token_ids[:-1]
+            if reason == "stop" and token_ids and token_ids[-1] in stop
+            else token_ids
+        )
         return self.tokenizer.decode(ids)
 
     def _run_until_idle(self) -> None:

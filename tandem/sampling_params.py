@@ -6,6 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# Constrained decoding: what `guided` may name ("grammar": Lark in llguidance's dialect, or
+# GBNF; "choice": a JSON list of strings).
+GUIDED_KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+MAX_GUIDED_SPEC = 1 << 20  # characters
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # (kind, spec): every output token must keep the output inside this grammar.
+    guided: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
@@ -91,6 +97,15 @@ class SamplingParams:
             raise ValueError(
                 f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
             )
+        if self.guided is not None:
+            g = tuple(self.guided)
+            if len(g) != 2 or g[0] not in GUIDED_KINDS or not isinstance(g[1], str):
+                raise ValueError(
+                    f"guided must be (kind, spec) with kind one of {', '.join(GUIDED_KINDS)}"
+                )
+            if len(g[1]) > MAX_GUIDED_SPEC:
+                raise ValueError(f"guided spec longer than {MAX_GUIDED_SPEC} characters")
+            object.__setattr__(self, "guided", g)
         if self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
@@ -103,6 +118,16 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+
+def stop_token_set(
+    params: SamplingParams, eos_token_ids: frozenset[int] | set[int]
+) -> frozenset[int]:
+    """Tokens that end this request's output (and are not part of its text)."""
+    stop = set(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop |= eos_token_ids
+    return frozenset(stop)
 
 
 INT_MAX = 2**63 - 1  # every integer must travel to the engine process (msgpack: 64 bits)

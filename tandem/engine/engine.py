@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.loop import OverlapLoop, Runner
 from tandem.engine.request import Request
 from tandem.engine.scheduler import Scheduler, SchedulerConfig
 from tandem.outputs import EngineOutput
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import SamplingParams, stop_token_set
 
 
 class Engine:
@@ -27,7 +28,10 @@ class Engine:
         check_invariants: bool = False,
         seed: int | None = None,
         vocab_size: int | None = None,
+        grammar: Callable[[], GrammarCompiler] | None = None,
     ) -> None:
+        """``grammar``: builds the compiler for guided requests on first use (None: guided
+        requests are rejected)."""
         self.scheduler = Scheduler(scheduler_config)
         self.loop = OverlapLoop(
             self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
@@ -36,6 +40,9 @@ class Engine:
         self.vocab_size = vocab_size
         self._ids = itertools.count()
         self._rng = random.Random(seed)
+        self._make_grammar = grammar
+        self._grammar: GrammarCompiler | None = None
+        self._words = getattr(runner, "words", None)
 
     def add_request(
         self,
@@ -53,13 +60,22 @@ class Engine:
                     f"logit_bias token id {bad[0]} is out of range [0, {self.vocab_size})"
                 )
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        stop = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop |= self.eos_token_ids
+        stop = stop_token_set(params, self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(32)
-        req = Request(rid, list(prompt_token_ids), params, seed, frozenset(stop), follows=follows)
+        req = Request(rid, list(prompt_token_ids), params, seed, stop, follows=follows)
+        if params.guided is not None:
+            req.grammar = self._compiler().matcher(*params.guided)
         self.scheduler.add(req)
         return rid
+
+    def _compiler(self) -> GrammarCompiler:
+        if self._grammar is None:
+            if self._make_grammar is None:
+                raise ValueError("guided decoding is not available for this model")
+            self._grammar = self._make_grammar()
+            if self._grammar.words != self._words:
+                raise ValueError("grammar masks and the model's vocabulary differ in size")
+        return self._grammar
 
     def abort(self, request_id: str) -> bool:
         return self.scheduler.abort(request_id)

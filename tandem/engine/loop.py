@@ -16,9 +16,16 @@ from tandem.outputs import EngineOutput
 
 
 class Runner(Protocol):
-    """Launch/finalize split. Handles are opaque; finalize must follow launch order."""
+    """Launch/finalize split. Handles are opaque; finalize must follow launch order.
 
-    def launch(self, plan: StepPlan, parent: Any | None) -> Any: ...
+    A plan with grammar-constrained rows launched without ``masks`` submits only its forward;
+    ``complete`` adds the sampling once the masks are known (before any child launches)."""
+
+    words: int  # int32 words of a grammar bitmask row
+
+    def launch(self, plan: StepPlan, parent: Any | None, masks: Any | None = None) -> Any: ...
+
+    def complete(self, handle: Any, masks: Any) -> None: ...
 
     def finalize(self, handle: Any) -> StepResult: ...
 
@@ -57,16 +64,19 @@ class OverlapLoop:
             self.curr = self._launch_fresh()
             if self.curr is None:
                 return sched.take_pending_outputs()
-        # 1. Chain: submit step N+1 on N's lazy tokens before blocking on N.
+        # 1. Chain: submit step N+1 on N's lazy tokens before blocking on N. With constrained
+        # rows only its forward goes now; its sampling waits for the masks (step 2).
         if self.overlap and self.next is None:
             plan = sched.chain(self.curr.plan)
             if plan is not None:
                 self.next = InFlightStep(plan, self.runner.launch(plan, self.curr.handle))
                 self.num_steps += 1
                 self.num_chained += 1
-        # 2. Finalize curr (the device is busy with next meanwhile).
+        # 2. Finalize curr (the device is busy with next meanwhile), then complete next.
         outputs = self._finalize(self.curr)
         self.curr = None
+        if self.next is not None:
+            self._complete(self.next)
         # 3. Promote next while the chain holds.
         if self.next is not None:
             nxt, self.next = self.next, None
@@ -88,6 +98,8 @@ class OverlapLoop:
         for s in (self.curr, self.next):
             if s is not None:
                 outputs += self._finalize(s)
+                if s is self.curr and self.next is not None:
+                    self._complete(self.next)
         self.curr = self.next = None
         return outputs
 
@@ -96,7 +108,13 @@ class OverlapLoop:
         if plan is None:
             return None
         self.num_steps += 1
-        return InFlightStep(plan, self.runner.launch(plan, None))
+        # Nothing is in flight: every constrained row's previous token is known.
+        masks = self.scheduler.grammar_masks(plan, self.runner.words)
+        return InFlightStep(plan, self.runner.launch(plan, None, masks))
+
+    def _complete(self, s: InFlightStep) -> None:
+        if s.plan.sampling.constrained:
+            self.runner.complete(s.handle, self.scheduler.grammar_masks(s.plan, self.runner.words))
 
     def _finalize(self, s: InFlightStep) -> list[EngineOutput]:
         result = self.runner.finalize(s.handle)

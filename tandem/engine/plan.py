@@ -52,6 +52,9 @@ class RowSampling:
     penalties: tuple[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]], ...] = ()
     # (row, k): return the sampled token's log-probability and the top k at its position.
     logprobs: tuple[tuple[int, int], ...] = ()
+    # Grammar-constrained rows: sampling waits for their allowed-token masks, computed on the
+    # host from each row's previous token (the forward before it does not wait).
+    constrained: tuple[int, ...] = ()
 
     @property
     def all_greedy(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from tandem.sampling_params import SamplingParams
 
@@ -40,6 +41,7 @@ class Request:
     # launched, so its prefill comes from the prefix cache instead of being recomputed.
     follows: str | None = None
     prompt_logprobs: list | None = None  # filled by prefill chunks when asked for
+    grammar: Any | None = None  # engine.grammar.Matcher of a guided request
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from tandem.engine.plan import PrefillChunk, RowCopy, RowSampling, StepPlan, StepResult
 from tandem.engine.radix import Match, Node, RadixTree
 from tandem.engine.request import Request, RequestStatus
@@ -472,8 +474,16 @@ class Scheduler:
             req = self.running[rid]
             if req.finished:
                 continue  # finished earlier in the chain; this token is past its end
+            if req.grammar is not None and not req.grammar.accept(token):
+                # Masks make this impossible; if it happens the request fails alone.
+                error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
+                self._finish(req, "error", emit=False)
+                outputs.append(EngineOutput(rid, (), "error", error=error))
+                continue
             req.output_token_ids.append(token)
             reason = self._stop_reason(req, token)
+            if reason is None and req.grammar is not None and req.grammar.done:
+                reason = "stop"  # the grammar is complete: nothing but the end may follow
             if reason is not None:
                 self._finish(req, reason, emit=False)
             cached = prompt_lps = None
@@ -497,6 +507,22 @@ class Scheduler:
             req.num_inflight -= 1
             self._maybe_release(req)
         return outputs
+
+    def grammar_masks(self, plan: StepPlan, words: int) -> np.ndarray | None:
+        """Allowed-token bitmasks (int32, ``words`` per row) of the plan's constrained rows,
+        from each request's grammar after all its finalized tokens. Call it when the step
+        before ``plan`` is finalized (for a chained plan: after its parent)."""
+        rows = plan.sampling.constrained
+        if not rows:
+            return None
+        masks = np.full((len(rows), words), -1, dtype=np.int32)
+        for i, row in enumerate(rows):
+            rid = plan.row_request_ids[row]
+            req = self.running.get(rid) if rid is not None else None
+            if req is not None and not req.finished and req.grammar is not None:
+                assert req.grammar.consumed == len(req.output_token_ids), "mask computed early"
+                req.grammar.fill(masks[i])
+        return masks
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         if token in req.stop_ids:
@@ -588,6 +614,7 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
     suppress: list[tuple[int, int]] = []
     pens: list[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]]] = []
     lps: list[tuple[int, int]] = []
+    constrained: list[int] = []
     for row, req in enumerate(reqs):
         p = req.params if req is not None else None
         temps.append(p.temperature if p else 0.0)
@@ -600,6 +627,8 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
             bias.extend((row, t, b) for t, b in p.logit_bias)
             if p.logprobs is not None:
                 lps.append((row, p.logprobs))
+            if req.grammar is not None:
+                constrained.append(row)
             if p.penalized:
                 pens.append(
                     (
@@ -627,4 +656,5 @@ def _row_sampling(reqs: list[Request | None]) -> RowSampling:
         suppress=tuple(suppress),
         penalties=tuple(pens),
         logprobs=tuple(lps),
+        constrained=tuple(constrained),
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import ROW_STEP, KVPool, KVShape
@@ -27,11 +28,13 @@ class Handle:
     donatable so the next step's in-place writes don't copy them)."""
 
     plan: StepPlan
-    tokens: mx.array
+    tokens: mx.array | None  # None until the sampling is attached (constrained rows)
     sampling: SamplingArrays
     logprobs: tuple[mx.array, mx.array, mx.array] | None = None
     # Prompt log-probabilities of chunks that asked: (request id, k, arrays).
     prompt_logprobs: list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]] | None = None
+    # A forward waiting for its grammar masks: (logits, sampling arrays, positions).
+    pending: tuple[mx.array, SamplingArrays, mx.array | None] | None = None
 
 
 MAX_PADDING = 0.25  # padded tokens allowed per batched first-chunk forward
@@ -137,8 +140,11 @@ class ModelRunner:
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
         self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer, row_step=row_step)
+        self.words = (self.vocab_size + 31) // 32
 
-    def launch(self, plan: StepPlan, parent: Handle | None) -> Handle:
+    def launch(
+        self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None
+    ) -> Handle:
         with mx.stream(self.stream):
             needed_rows = max(
                 [plan.num_rows, plan.kv_rows]
@@ -150,7 +156,7 @@ class ModelRunner:
                 self.kv.copy_prefix(c.src, c.dst, c.length)
             prompt_lps = self._prefill(plan.chunks)
             if plan.chained:
-                assert parent is not None
+                assert parent is not None and parent.tokens is not None
                 tokens_in, sampling = parent.tokens, parent.sampling
             else:
                 tokens_in = mx.array(plan.input_tokens, dtype=mx.int32)
@@ -161,10 +167,40 @@ class ModelRunner:
             )
             caches = self.kv.batch_caches(plan.positions, positions)
             logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
-            tokens = sample(logits, sampling, positions)
-            lps = token_logprobs(logits, sampling, tokens)
-            mx.async_eval(tokens, *(lps or ()), *self.kv.arrays())
-        return Handle(plan, tokens, advance(sampling, tokens), lps, prompt_lps or None)
+            handle = Handle(plan, None, sampling, None, prompt_lps or None)
+            if plan.sampling.constrained and masks is None:
+                # Keep the device busy with the forward; the sampling follows the masks.
+                handle.pending = (logits, sampling, positions)
+                mx.async_eval(logits, *self.kv.arrays())
+                return handle
+            self._sample(handle, logits, sampling, positions, masks)
+            mx.async_eval(*self.kv.arrays())
+        return handle
+
+    def complete(self, handle: Handle, masks: np.ndarray) -> None:
+        """Attach the sampling of a forward launched without its grammar masks."""
+        assert handle.pending is not None, "complete() of a step that is not waiting"
+        logits, sampling, positions = handle.pending
+        handle.pending = None
+        with mx.stream(self.stream):
+            self._sample(handle, logits, sampling, positions, masks)
+
+    def _sample(
+        self,
+        handle: Handle,
+        logits: mx.array,
+        sampling: SamplingArrays,
+        positions: mx.array | None,
+        masks: np.ndarray | None,
+    ) -> None:
+        grammar = None
+        if masks is not None:
+            rows = mx.array(handle.plan.sampling.constrained, dtype=mx.int32)
+            grammar = (rows, mx.array(masks))
+        tokens = sample(logits, sampling, positions, grammar)
+        lps = token_logprobs(logits, sampling, tokens)
+        mx.async_eval(tokens, *(lps or ()))
+        handle.tokens, handle.sampling, handle.logprobs = tokens, advance(sampling, tokens), lps
 
     def _prefill(
         self, chunks: tuple[PrefillChunk, ...]
@@ -203,6 +239,7 @@ class ModelRunner:
         return out
 
     def finalize(self, handle: Handle) -> StepResult:
+        assert handle.tokens is not None, "finalize() of a step still waiting for its masks"
         tokens = tuple(handle.tokens.tolist())
         prompt = None
         if handle.prompt_logprobs:

@@ -217,10 +217,29 @@ def uniform_noise(
     return ((bits >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def sample(logits: mx.array, s: SamplingArrays, positions: mx.array | None) -> mx.array:
+def apply_grammar(logits: mx.array, rows: mx.array, masks: mx.array) -> mx.array:
+    """-inf outside each constrained row's allowed tokens. ``masks`` (C, W) int32 bitmasks
+    (bit b of word w allows token 32 w + b) for the logits rows ``rows`` (C,)."""
+    vocab = logits.shape[-1]
+    shifts = mx.arange(32, dtype=mx.uint32)
+    bits = (masks.astype(mx.uint32)[:, :, None] >> shifts) & 1
+    allowed = bits.reshape(masks.shape[0], -1)[:, :vocab]
+    bias = mx.where(allowed > 0, 0.0, -mx.inf).astype(logits.dtype)
+    return logits.at[rows].add(bias)
+
+
+def sample(
+    logits: mx.array,
+    s: SamplingArrays,
+    positions: mx.array | None,
+    grammar: tuple[mx.array, mx.array] | None = None,
+) -> mx.array:
     """logits (R, V) → tokens (R,) uint32. ``positions`` may be None when
-    ``s.needs_positions`` is False (all greedy, no min_tokens)."""
+    ``s.needs_positions`` is False (all greedy, no min_tokens). ``grammar``: (rows, bitmasks)
+    of constrained rows (apply_grammar), applied after every other edit."""
     logits = apply_edits(logits, s, positions)
+    if grammar is not None:
+        logits = apply_grammar(logits, *grammar)
     greedy_tokens = mx.argmax(logits, axis=-1)
     if s.all_greedy:
         return greedy_tokens

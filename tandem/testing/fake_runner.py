@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tandem.engine.plan import StepPlan, StepResult
 
 VOCAB = 1000
@@ -28,8 +30,17 @@ def fake_token(seed: int, history: Sequence[int]) -> int:
 @dataclass
 class FakeHandle:
     plan: StepPlan
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...] | None
     finalized: bool = False
+    raw: tuple[int, ...] = ()  # tokens before grammar masks
+
+
+def masked_token(raw: int, mask_row: np.ndarray) -> int:
+    """The allowed token a constrained row takes: deterministic in ``raw``."""
+    bits = np.unpackbits(mask_row.view(np.uint8), bitorder="little")
+    allowed = np.flatnonzero(bits)
+    assert allowed.size, "a grammar mask allows nothing"
+    return int(allowed[raw % allowed.size])
 
 
 @dataclass
@@ -41,10 +52,15 @@ class FakeRunner:
     capacity: int = 0
     copied_tokens: int = 0
     _unfinalized: list[FakeHandle] = field(default_factory=list)
+    words: int = (VOCAB + 31) // 32
+    completed_late: int = 0  # chained steps whose sampling waited for grammar masks
 
-    def launch(self, plan: StepPlan, parent: FakeHandle | None) -> FakeHandle:
+    def launch(
+        self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
+    ) -> FakeHandle:
         if plan.chained:
             assert parent is not None and parent.plan.row_request_ids == plan.row_request_ids
+            assert parent.tokens is not None, "chained on a step still waiting for masks"
             assert plan.input_tokens is None
             inputs = parent.tokens
         else:
@@ -78,11 +94,31 @@ class FakeRunner:
             if rid is not None:
                 assert None not in history, f"{rid} attends to unwritten KV"
             tokens.append(fake_token(plan.sampling.seed[i], [t or 0 for t in history]))
-        handle = FakeHandle(plan, tuple(tokens))
+        handle = FakeHandle(plan, None, raw=tuple(tokens))
         self._unfinalized.append(handle)
+        if plan.sampling.constrained and masks is None:
+            assert plan.chained, "a fresh step knows its masks"
+            return handle
+        self._sample(handle, masks)
         return handle
 
+    def complete(self, handle: FakeHandle, masks: np.ndarray) -> None:
+        assert handle.tokens is None and handle in self._unfinalized
+        assert self._unfinalized[0] is handle, "masks must wait for the parent's finalize"
+        self.completed_late += 1
+        self._sample(handle, masks)
+
+    def _sample(self, handle: FakeHandle, masks: np.ndarray | None) -> None:
+        tokens = list(handle.raw)
+        rows = handle.plan.sampling.constrained
+        assert (masks is None) == (not rows)
+        for i, row in enumerate(rows):
+            assert masks is not None
+            tokens[row] = masked_token(tokens[row], masks[i])
+        handle.tokens = tuple(tokens)
+
     def finalize(self, handle: FakeHandle) -> StepResult:
+        assert handle.tokens is not None, "finalized before its masks were given"
         assert self._unfinalized and self._unfinalized[0] is handle, "finalize out of order"
         self._unfinalized.pop(0)
         handle.finalized = True

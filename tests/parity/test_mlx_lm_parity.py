@@ -253,9 +253,9 @@ def test_n_samples_share_one_prefill(tiny_model_dir, overlap):
     runner = llm.engine.loop.runner
     orig = runner.launch
 
-    def spy(plan, parent):
+    def spy(plan, parent, masks=None):
         launched.append(plan)
-        return orig(plan, parent)
+        return orig(plan, parent, masks)
 
     runner.launch = spy
     engine = llm.engine

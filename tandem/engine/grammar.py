@@ -1,0 +1,134 @@
+"""Grammar-constrained decoding state (llguidance), host side.
+
+A request with ``SamplingParams.guided`` gets a matcher. Each step the scheduler asks every
+constrained row's matcher for its allowed-token bitmask (after the matcher has consumed all of
+the request's tokens so far) and the runner adds ``-inf`` outside it before sampling. The
+matcher consumes each finalized token; a grammar that has completed stops its request.
+
+Compiling a grammar may take a while for large schemas; matchers are compiled once per
+distinct (kind, text) and copied per request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from tandem.sampling_params import GUIDED_KINDS
+
+_CACHE_SIZE = 64
+# JSON as Python's json.dumps writes it: no free whitespace (a sampled model could otherwise
+# pad forever). A schema's "x-guidance" object overrides these (llguidance's options).
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def words_for(vocab_size: int) -> int:
+    """int32 words of a bitmask over ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def grammar_text(kind: str, spec: str) -> str:
+    """The llguidance grammar for a guided request; ValueError names a malformed spec."""
+    import llguidance
+
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            {"type": "object"}, defaults=JSON_OPTIONS
+        )
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from None
+        if not isinstance(schema, dict | bool):
+            raise ValueError("json_schema must be a JSON object")
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec)
+    if kind == "grammar":
+        return llguidance.grammar_from("grammar", spec)
+    if kind == "choice":
+        try:
+            options = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"choice is not valid JSON: {e}") from None
+        if not (isinstance(options, list) and options and all(isinstance(o, str) for o in options)):
+            raise ValueError("choice must be a non-empty list of strings")
+        return llguidance.grammar_from("choice", spec)
+    raise ValueError(f"unknown guided decoding kind {kind!r}; one of {', '.join(GUIDED_KINDS)}")
+
+
+class GrammarCompiler:
+    """Builds matchers for one tokenizer (any Hugging Face fast tokenizer)."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: set[int]) -> None:
+        import llguidance.hf
+
+        eos = sorted(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.words = words_for(vocab_size)
+        self._tok = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=eos[0] if eos else None
+        )
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+    def matcher(self, kind: str, spec: str) -> Matcher:
+        """A fresh matcher at the grammar's start; ValueError if the grammar is invalid."""
+        import llguidance
+
+        key = (kind, spec)
+        template = self._cache.get(key)
+        if template is None:
+            grammar = grammar_text(kind, spec)
+            err = llguidance.LLMatcher.validate_grammar(grammar, self._tok)
+            if err:
+                raise ValueError(f"invalid {kind}: {err.strip()}")
+            template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
+            if template.is_error():
+                raise ValueError(f"invalid {kind}: {template.get_error().strip()}")
+            self._cache[key] = template
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return Matcher(template.deep_copy(), self.words)
+
+
+class Matcher:
+    """One request's grammar state."""
+
+    def __init__(self, matcher: Any, words: int) -> None:
+        self._m = matcher
+        self.words = words
+        self.consumed = 0
+
+    def fill(self, out: np.ndarray) -> None:
+        """Write the allowed next tokens into ``out`` (int32, ``words`` long)."""
+        assert out.size == self.words, "mask row of the wrong width"
+        if self._m.is_error():
+            out[:] = -1  # the request is failing; its token is discarded
+            return
+        self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+
+    def accept(self, token: int) -> bool:
+        """Consume a sampled token; False if the grammar rejects it."""
+        self.consumed += 1
+        return bool(self._m.consume_token(token))
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and allows nothing but the end of output."""
+        return bool(self._m.is_stopped())
+
+    @property
+    def error(self) -> str:
+        return self._m.get_error() if self._m.is_error() else ""
+
+
+def allowed(mask_row: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Bitmask row → bool array over the vocabulary (tests, debugging)."""
+    bits = np.unpackbits(mask_row.view(np.uint8), bitorder="little")
+    return bits[:vocab_size].astype(bool)

@@ -1,0 +1,132 @@
+"""Guided-decoding cases for tests and benchmarks: each a (kind, spec) and a checker that
+says whether a finished output satisfies it. Bounded (maxLength, maxItems, enums, ranges) so
+that a random-weight model, which the grammar alone keeps in line, finishes in few tokens."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jsonschema
+
+
+@dataclass(frozen=True)
+class GuidedCase:
+    name: str
+    kind: str
+    spec: str
+    check: Callable[[str], bool]
+    # The grammar itself ends after a bounded number of tokens (else a long random output may
+    # run into max_tokens: valid only as a prefix).
+    bounded: bool = True
+
+    @property
+    def guided(self) -> tuple[str, str]:
+        return (self.kind, self.spec)
+
+
+def _schema_case(name: str, schema: dict) -> GuidedCase:
+    def check(text: str) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (json.JSONDecodeError, jsonschema.ValidationError):
+            return False
+        return True
+
+    return GuidedCase(name, "json_schema", json.dumps(schema), check)
+
+
+def _regex_case(name: str, pattern: str) -> GuidedCase:
+    return GuidedCase(name, "regex", pattern, lambda t: re.fullmatch(pattern, t) is not None)
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+_STR = {"type": "string", "maxLength": 6}
+_INT = {"type": "integer", "minimum": -999, "maximum": 999}  # "number" has unbounded digits
+SCHEMAS: dict[str, dict] = {
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": _STR,
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "member": {"type": "boolean"},
+        },
+        "required": ["name", "age", "member"],
+        "additionalProperties": False,
+    },
+    "enum_array": {
+        "type": "array",
+        "items": {"enum": ["red", "green", "blue"]},
+        "minItems": 1,
+        "maxItems": 4,
+    },
+    "nested": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": -50, "maximum": 50},
+            "point": {
+                "type": "object",
+                "properties": {"x": _INT, "y": _INT},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            },
+            "labels": {"type": "array", "items": _STR, "maxItems": 2},
+        },
+        "required": ["id", "point", "labels"],
+        "additionalProperties": False,
+    },
+    "any_of": {
+        "anyOf": [
+            {"type": "integer", "minimum": 0, "maximum": 9},
+            {"type": "string", "enum": ["yes", "no"]},
+            {"type": "null"},
+        ]
+    },
+    "const_and_optional": {
+        "type": "object",
+        "properties": {"kind": {"const": "event"}, "note": _STR},
+        "required": ["kind"],
+        "additionalProperties": False,
+    },
+    "tuple_like": {
+        "type": "array",
+        "prefixItems": [{"type": "boolean"}, {"type": "integer", "minimum": 1, "maximum": 3}],
+        "items": False,
+        "minItems": 2,
+    },
+    "string_pattern": {"type": "string", "pattern": "^[a-z]{2,5}-[0-9]{2}$"},
+}
+
+CASES: list[GuidedCase] = [
+    *(_schema_case(name, s) for name, s in SCHEMAS.items()),
+    GuidedCase("json_object", "json_object", "", _json_object, bounded=False),
+    _regex_case("date", r"20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])"),
+    _regex_case("phone", r"\+1 \([0-9]{3}\) [0-9]{3}-[0-9]{4}"),
+    _regex_case("word_list", r"(cat|dog|bird)(, (cat|dog|bird)){0,3}\."),
+    GuidedCase(
+        "choice",
+        "choice",
+        json.dumps(["alpha", "beta", "gamma"]),
+        lambda t: t in {"alpha", "beta", "gamma"},
+    ),
+    GuidedCase(
+        "lark",
+        "grammar",
+        'start: "(" num (" + " num){0,3} ")"\nnum: /[1-9][0-9]?/',
+        lambda t: re.fullmatch(r"\([1-9][0-9]?( \+ [1-9][0-9]?){0,3}\)", t) is not None,
+    ),
+    GuidedCase(
+        "gbnf",
+        "grammar",
+        'root ::= "answer: " ("yes" | "no")',
+        lambda t: t in {"answer: yes", "answer: no"},
+    ),
+]
