@@ -72,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             default_max_tokens=args.default_max_tokens,
             max_pending=args.max_pending,
+            reasoning=args.reasoning,
+            tool_call_format=args.tool_call_format,
         )
     except (ValueError, RuntimeError) as e:
         print(f"tandem: error: {e}", file=sys.stderr)
@@ -156,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1024,
         help="requests in the engine before new ones get 503",
+    )
+    s.add_argument(
+        "--reasoning",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="return a leading <think> block as reasoning_content (auto: when the chat "
+        "template uses think tags); requests override with separate_reasoning",
+    )
+    s.add_argument(
+        "--tool-call-format",
+        choices=("auto", "hermes", "llama3_json", "mistral"),
+        default="auto",
+        help="how the model writes tool calls (auto: from its chat template / model type)",
     )
     _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)

@@ -7,12 +7,15 @@ every line that touches state and must produce identical tokens.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.plan import KVOutOfMemory, StepPlan, StepResult
 from tandem.engine.scheduler import Scheduler
 from tandem.outputs import EngineOutput
+
+log = logging.getLogger("tandem")
 
 
 class Runner(Protocol):
@@ -110,7 +113,14 @@ class OverlapLoop:
         self.num_steps += 1
         # Nothing is in flight: every constrained row's previous token is known.
         masks = self.scheduler.grammar_masks(plan, self.runner.words)
-        return InFlightStep(plan, self.runner.launch(plan, None, masks))
+        try:
+            handle = self.runner.launch(plan, None, masks)
+        except KVOutOfMemory as e:
+            # Only fresh steps grow the pool. Retract everything, shrink, go on.
+            log.warning("%s; retracting all requests, KV budget shrinks", e)
+            self.scheduler.recover_from_kv_oom(plan, e.held, e.wanted)
+            return None
+        return InFlightStep(plan, handle)
 
     def _complete(self, s: InFlightStep) -> None:
         if s.plan.sampling.constrained:

@@ -111,3 +111,12 @@ class StepResult:
     # Prompt log-probabilities of chunks that asked: request id -> one entry per chunk token
     # (scoring the token after it).
     prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
+
+
+class KVOutOfMemory(RuntimeError):
+    """The device could not allocate a larger pool. The pool is now empty; ``held`` and
+    ``wanted`` are its sizes (rows x positions) before and in the failed growth."""
+
+    def __init__(self, held: int, wanted: int, reason: str) -> None:
+        super().__init__(f"KV pool growth to {wanted} tokens failed: {reason}")
+        self.held, self.wanted = held, wanted

@@ -7,6 +7,7 @@ a fresh one (DESIGN §2, SGLang #30093).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class CacheStats:
     moved_tokens: int = 0  # cached KV moved out of the way of the decode batch
     retractions: int = 0
     evictions: int = 0
+    kv_oom_recoveries: int = 0  # KV growths the device refused (budget shrunk each time)
 
 
 class Scheduler:
@@ -453,6 +455,43 @@ class Scheduler:
         del self.running[req.request_id]
         self.waiting.appendleft(req)
         self._waiting_ids.add(req.request_id)
+
+    def recover_from_kv_oom(self, plan: StepPlan, held: int, wanted: int) -> None:
+        """A fresh step's KV growth failed on the device (the runner emptied its pool): undo
+        the step's launch accounting, retract every running request (each resumes by
+        prefill, in its old order), drop the prefix cache, and shrink the budget below the
+        failed size (never below what the pool held before)."""
+        for rid in plan.request_ids:
+            self.running[rid].num_inflight -= 1
+        for req in reversed(list(self.running.values())):
+            if req.finished:
+                self._maybe_release(req)
+            else:
+                self._retract(req)
+        for row in sorted(self.rows.cached):
+            self._evict(row)
+        self._copies = []
+        self.capacity = 0
+        budget = max(held, min(self.config.kv_budget_tokens, wanted) * 3 // 4, 1)
+        self.config = cfg = dataclasses.replace(self.config, kv_budget_tokens=budget)
+        self.stats.kv_oom_recoveries += 1
+        # Requests the smaller budget can never hold fail now instead of waiting forever.
+        for req in list(self.waiting):
+            alone = self._memory(1, round_up(req.max_len, cfg.capacity_chunk))
+            if alone > cfg.kv_budget_tokens:
+                self.waiting.remove(req)
+                self._waiting_ids.discard(req.request_id)
+                req.status = RequestStatus.FINISHED
+                req.finish_reason = "error"
+                self._pending.append(
+                    EngineOutput(
+                        req.request_id,
+                        (),
+                        "error",
+                        error=f"out of device memory: the KV budget is now "
+                        f"{cfg.kv_budget_tokens} tokens, this request needs {req.max_len}",
+                    )
+                )
 
     def _unlock(self, req: Request) -> None:
         if req.lock_node is not None:

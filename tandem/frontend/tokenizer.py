@@ -63,8 +63,15 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Turns a growing token list into text deltas, holding back incomplete UTF-8."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int] | None = None,
+        *,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.skip_special = skip_special_tokens
         # A few prompt tokens of context make leading-space handling match a full decode.
         self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
         self.prefix_offset = 0
@@ -72,7 +79,10 @@ class IncrementalDetokenizer:
 
     def add(self, new_ids: list[int] | tuple[int, ...]) -> str:
         self.ids.extend(new_ids)
-        dec = self.tokenizer.decode
+
+        def dec(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
         prefix = dec(self.ids[self.prefix_offset : self.read_offset])
         full = dec(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):

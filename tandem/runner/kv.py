@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from tandem.engine.plan import KVOutOfMemory
+
 ROW_STEP = 8
 
 
@@ -51,6 +53,13 @@ class _Write:
     start: int = 0
     index: mx.array | None = None
     positions: mx.array | None = None
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return any(w in text for w in ("out of memory", "unable to allocate", "malloc", "alloc"))
 
 
 class KVPool:
@@ -127,6 +136,27 @@ class KVPool:
         cap = max(self.capacity, capacity)
         if cap == self.capacity:
             rows = max(rows, self.num_rows)
+        try:
+            self._grow(rows, cap)
+        except (RuntimeError, MemoryError) as e:
+            if not _is_oom(e):
+                raise
+            held, wanted = self.num_rows * self.capacity, rows * cap
+            self.reset()  # partly grown: drop it all (the scheduler retracts everything)
+            raise KVOutOfMemory(held, wanted, str(e)) from None
+
+    def reset(self) -> None:
+        """Free every buffer (nothing may be in flight)."""
+        for keys, values in self.sets:
+            keys.clear()
+            values.clear()
+        for lag in self._lag:
+            for writes in lag:
+                writes.clear()
+        self.num_rows = self.capacity = 0
+        mx.clear_cache()
+
+    def _grow(self, rows: int, cap: int) -> None:
         keep = min(rows, self.num_rows)
         h, d = self.shape.num_kv_heads, self.shape.head_dim
         for keys, values in self.sets:

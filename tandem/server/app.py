@@ -8,7 +8,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,8 +18,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tandem.frontend.engine_client import EngineClient, EngineDeadError
 from tandem.frontend.stop import StopStringMatcher
 from tandem.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
-from tandem.sampling_params import SamplingParams
+from tandem.sampling_params import SamplingParams, stop_token_set
+from tandem.server.chat_output import ChatOutput
 from tandem.server.metrics import Metrics
+from tandem.server.openapi import install_openapi
+from tandem.server.reasoning import starts_inside
 from tandem.server.requests import (
     ChatRequest,
     CompletionRequest,
@@ -28,6 +31,7 @@ from tandem.server.requests import (
     parse_chat,
     parse_completion,
 )
+from tandem.server.tool_calls import detect_format
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,16 @@ class ServerSettings:
     max_body_bytes: int = 4 << 20
     max_pending: int = 1024  # requests in the engine (running + queued) before 503
     default_max_tokens: int = 2048  # chat completions without max_tokens
+    reasoning: str = "auto"  # split <think> blocks: auto (template uses them) | on | off
+    tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Delta fields of two pieces as one (strings joined, tool-call lists appended)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out[k] + v if k in out else v
+    return out
 
 
 def error_response(e: RequestError) -> JSONResponse:
@@ -59,8 +73,19 @@ class Piece:
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="Tandem", docs_url=None, redoc_url=None)
+    install_openapi(app)
     metrics = Metrics()
     max_model_len = int(client.info.get("max_model_len", 0))
+    template = getattr(tokenizer.hf, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    tool_format = (
+        detect_format(template, client.info.get("model_type"))
+        if settings.tool_call_format == "auto"
+        else settings.tool_call_format
+    )
+    thinks = settings.reasoning == "on" or (
+        settings.reasoning == "auto" and template is not None and "</think>" in template
+    )
 
     app.add_middleware(_Guard, settings=settings)
 
@@ -124,10 +149,12 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         stops: list[str],
         rid: str | None = None,
         follows: str | None = None,
+        keep_special: bool = False,
     ) -> AsyncIterator[Piece]:
         rid = rid or uuid.uuid4().hex
-        detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=not keep_special)
         matcher = StopStringMatcher(stops)
+        stop_ids = stop_token_set(params, tokenizer.eos_token_ids)
         count = cached = 0
         pending_ids: list[int] = []
         pending_lps: list[Any] = []
@@ -172,8 +199,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 ids = d.new_token_ids
                 pending_ids += ids
                 pending_lps += d.logprobs or []
-                if d.finish_reason == "stop" and ids:
-                    ids = ids[:-1]  # the stop token is not text
+                if d.finish_reason == "stop" and ids and ids[-1] in stop_ids:
+                    ids = ids[:-1]  # the stop token is not text (a completed grammar's is)
                 text = matcher.feed(detok.add(ids))
                 if matcher.stopped:
                     yield piece(text, "stop")
@@ -203,6 +230,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         prompts: list[list[int]],
         default_max: int,
         chat: bool,
+        shaper: Callable[[], ChatOutput] | None = None,
     ) -> Response:
         plist = [params_for(req, len(p), default_max) for p in prompts]
         # n samples per prompt: choice p * n + j. Samples after the first follow it (they
@@ -220,6 +248,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 seeded = sp if sp.seed is None or j == 0 else replace(sp, seed=sp.seed + j)
                 jobs.append((prompt, seeded, rids[p * m + j], rids[p * m] if j else None))
         check_capacity(len(jobs))
+        shapers = [shaper() if shaper else ChatOutput() for _ in jobs]
+        keep_special = shapers[0].fmt == "mistral"  # its [TOOL_CALLS] is a special token
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -306,6 +336,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             ids: list[int] | None = None,
             lps: list[Any] | None = None,
             plps: list[Any] | None = None,
+            fields: dict[str, Any] | None = None,
         ) -> dict[str, Any]:
             lp_obj = logprobs_obj(i, ids or [], lps, plps)
             if not chat:
@@ -319,7 +350,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
-            if text is not None:
+            if fields is not None:
+                delta.update(fields)  # content / reasoning_content / tool_calls
+            elif text is not None:
                 delta["content"] = text
             c = {"index": i, "delta": delta, "logprobs": lp_obj, "finish_reason": reason}
             if plps is not None:
@@ -334,7 +367,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 parts, ids, n, reason, cached = [], [], 0, None, 0
                 lps: list[Any] | None = None
                 plps: list[Any] | None = None
-                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
+                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:], keep_special):
                     if piece.prompt_logprobs is not None:
                         plps = piece.prompt_logprobs
                     parts.append(piece.text)
@@ -377,10 +410,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 if chat:
                     c = {
                         "index": index,
-                        "message": {"role": "assistant", "content": text},
+                        "message": shapers[i].message(text),
                         "logprobs": logprobs_obj(i, ids, lps),
                         **({"prompt_logprobs": prompt_logprobs_field(i, plps)} if plps else {}),
-                        "finish_reason": reason,
+                        "finish_reason": shapers[i].finish_reason(reason),
                     }
                     if req.return_token_ids:
                         c["token_ids"] = ids
@@ -407,7 +440,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
         async def pump(i: int) -> None:
             try:
-                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:]):
+                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:], keep_special):
                     await queue.put((i, piece))
             except Exception as e:  # reported in-stream
                 await queue.put((i, e))
@@ -435,7 +468,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         continue
                     counts[i] = item.num_tokens
                     cached_counts[i] = item.cached_tokens
-                    if item.text or item.finish_reason:
+                    fields: dict[str, Any] | None = None
+                    reason = item.finish_reason
+                    if chat:
+                        fields = shapers[i].feed(item.text) if item.text else {}
+                        if reason is not None:
+                            fields = _merge(fields, shapers[i].finish())
+                            reason = shapers[i].finish_reason(reason)
+                    if (fields if chat else item.text) or reason or item.logprobs:
                         yield _sse(
                             {
                                 **base,
@@ -444,10 +484,11 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                     choice(
                                         i,
                                         item.text if item.text or not chat else None,
-                                        item.finish_reason,
+                                        reason,
                                         ids=item.token_ids,
                                         lps=item.logprobs,
                                         plps=item.prompt_logprobs,
+                                        fields=fields,
                                     )
                                 ],
                             }
@@ -497,7 +538,23 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             ids = tokenizer.apply_chat_template(req.messages, **req.template_kwargs)
         except Exception as e:  # template errors are the request's fault
             raise RequestError(f"chat template failed: {e}", param="messages") from None
-        return await generate(request, "chat", req, [ids], settings.default_max_tokens, chat=True)
+        reasoning = thinks if req.separate_reasoning is None else req.separate_reasoning
+        tools = req.tools
+        if tools is not None and tools.choice == "auto" and tool_format is None:
+            raise RequestError(
+                "this model's tool-call format is unknown (start the server with "
+                "--tool-call-format); use tool_choice 'required' or a named function",
+                param="tools",
+            )
+        inside = reasoning and starts_inside(tokenizer.decode(ids[-8:], skip_special_tokens=False))
+
+        def shaper() -> ChatOutput:
+            fmt = tool_format if tools is not None and tools.choice == "auto" else None
+            return ChatOutput(reasoning=reasoning, inside=inside, tools=tools, fmt=fmt)
+
+        return await generate(
+            request, "chat", req, [ids], settings.default_max_tokens, chat=True, shaper=shaper
+        )
 
     @app.get("/v1/models")
     async def models():

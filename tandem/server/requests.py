@@ -4,11 +4,14 @@ and ignored."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
+from tandem.server.errors import RequestError
+from tandem.server.guided import GUIDED_FIELDS, ToolMode, parse_guided, parse_tools, tool_grammar
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -16,30 +19,14 @@ MAX_N = 16
 MAX_MESSAGES = 1024
 
 
-class RequestError(ValueError):
-    """A client error: becomes an OpenAI error body with ``status``."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        status: int = 400,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.param, self.status, self.code, self.kind = param, status, code, kind
-
-
 # Neutral values of fields later issues implement: accepted only as these.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (None, 0),
     "suffix": (None,),
+    # Completions have no tools (chat parses them).
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None,),
-    "response_format": (None, {"type": "text"}),
 }
 _COMMON = {
     "model",
@@ -64,6 +51,8 @@ _COMMON = {
     "stream",
     "stream_options",
     "return_token_ids",
+    "response_format",
+    *GUIDED_FIELDS,
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of"}
 CHAT_FIELDS = _COMMON | {
@@ -71,8 +60,12 @@ CHAT_FIELDS = _COMMON | {
     "max_completion_tokens",
     "chat_template_kwargs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "separate_reasoning",
 }
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
@@ -97,8 +90,10 @@ class CompletionRequest(GenerationRequest):
 
 @dataclass
 class ChatRequest(GenerationRequest):
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: ToolMode | None = None
+    separate_reasoning: bool | None = None  # None: the server's default
 
 
 def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
@@ -212,6 +207,9 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
                 param="prompt_logprobs",
             )
         sampling["prompt_logprobs"] = plp
+    guided = parse_guided(body)
+    if guided is not None:
+        sampling["guided"] = guided
     n = _number(body, "n", integer=True)
     if n is not None and not 1 <= n <= MAX_N:
         raise RequestError(f"'n' must be between 1 and {MAX_N}", param="n")
@@ -302,12 +300,35 @@ def parse_chat(body: Any) -> ChatRequest:
             raise RequestError(
                 f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role"
             )
-        extra = set(m) - {"role", "content", "name"}
+        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise RequestError(
                 f"messages[{i}].{sorted(extra)[0]} is not supported", param=f"messages[{i}]"
             )
+        msg: dict[str, Any] = {"role": m["role"]}
+        if m.get("tool_calls") is not None:
+            if m["role"] != "assistant":
+                raise RequestError(
+                    f"messages[{i}].tool_calls is only for assistant messages",
+                    param=f"messages[{i}].tool_calls",
+                )
+            msg["tool_calls"] = _history_tool_calls(m["tool_calls"], i)
+        if m.get("tool_call_id") is not None:
+            if m["role"] != "tool" or not isinstance(m["tool_call_id"], str):
+                raise RequestError(
+                    f"messages[{i}].tool_call_id must be a string on a tool message",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("name") is not None:
+            if not isinstance(m["name"], str):
+                raise RequestError(
+                    f"messages[{i}].name must be a string", param=f"messages[{i}].name"
+                )
+            msg["name"] = m["name"]
         content = m.get("content")
+        if content is None and "tool_calls" in msg:
+            content = ""
         if isinstance(content, list):
             if not all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -321,11 +342,22 @@ def parse_chat(body: Any) -> ChatRequest:
             raise RequestError(
                 f"messages[{i}].content must be a string", param=f"messages[{i}].content"
             )
-        out.append({"role": m["role"], "content": content})
+        msg["content"] = content
+        out.append(msg)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     common = _common(body, key)
+    tools = parse_tools(body, common["sampling"].get("guided"))
+    if tools is not None:
+        if tools.choice != "none":
+            kwargs = {**kwargs, "tools": list(tools.tools)}
+        forced = tool_grammar(tools)
+        if forced is not None:
+            common["sampling"]["guided"] = forced
+    separate = body.get("separate_reasoning")
+    if separate is not None and not isinstance(separate, bool):
+        raise RequestError("'separate_reasoning' must be a boolean", param="separate_reasoning")
     want = body.get("logprobs")
     if want is not None and not isinstance(want, bool):
         raise RequestError("'logprobs' must be a boolean", param="logprobs")
@@ -340,4 +372,39 @@ def parse_chat(body: Any) -> ChatRequest:
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     if want:
         common["sampling"]["logprobs"] = top or 0
-    return ChatRequest(**common, messages=out, template_kwargs=kwargs)
+    return ChatRequest(
+        **common,
+        messages=out,
+        template_kwargs=kwargs,
+        tools=tools,
+        separate_reasoning=separate,
+    )
+
+
+def _history_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's earlier tool calls, for the chat template (arguments as objects,
+    the form Hugging Face templates expect)."""
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise RequestError(f"{param} must be a list", param=param)
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{param} entries need function.name", param=param)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise RequestError(f"{param} arguments must be JSON", param=param) from None
+        if not isinstance(args, dict):
+            raise RequestError(f"{param} arguments must be a JSON object", param=param)
+        entry: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": fn["name"], "arguments": args},
+        }
+        if isinstance(c.get("id"), str):
+            entry["id"] = c["id"]
+        out.append(entry)
+    return out

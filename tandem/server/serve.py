@@ -61,6 +61,8 @@ def serve(
     served_model_name: str | None,
     default_max_tokens: int,
     max_pending: int,
+    reasoning: str = "auto",
+    tool_call_format: str = "auto",
 ) -> int:
     path = resolve_model(config.model)  # fetches the default model here, not in the engine
     name = served_model_name or default_served_name(config.model, path)
@@ -70,5 +72,7 @@ def serve(
         api_key=api_key,
         default_max_tokens=default_max_tokens,
         max_pending=max_pending,
+        reasoning=reasoning,
+        tool_call_format=tool_call_format,
     )
     return asyncio.run(_serve(config, host, port, settings))

@@ -1,0 +1,192 @@
+"""Request fields that constrain the output: ``response_format``, the ``guided_*``
+extensions, ``tools`` / ``tool_choice``. They become one (kind, spec) grammar for the engine
+(SamplingParams.guided) plus, for chat, how to read tool calls back out of the text.
+
+The grammar is checked here (llguidance, no tokenizer needed) so a bad one is a 400 naming
+the field before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.engine.grammar import grammar_text
+from tandem.sampling_params import MAX_GUIDED_SPEC
+from tandem.server import tool_calls
+from tandem.server.errors import RequestError
+
+# Extensions (vLLM's names): at most one guided source per request.
+GUIDED_FIELDS = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_grammar": "grammar",
+    "guided_choice": "choice",
+}
+RESPONSE_FORMATS = ("text", "json_object", "json_schema", "regex", "grammar", "choice")
+
+
+@dataclass(frozen=True)
+class ToolMode:
+    """How a chat request's output carries tool calls."""
+
+    tools: list[dict[str, Any]]
+    choice: str  # "none" | "auto" | "required" | "function" (``name`` set)
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def forced(self) -> bool:
+        """The grammar enforces the call: the whole output is its JSON."""
+        return self.choice in ("required", "function")
+
+
+def check_grammar(kind: str, spec: str, param: str) -> tuple[str, str]:
+    import llguidance
+
+    if len(spec) > MAX_GUIDED_SPEC:
+        raise RequestError(f"'{param}' is longer than {MAX_GUIDED_SPEC} characters", param=param)
+    try:
+        err = llguidance.LLMatcher.validate_grammar(grammar_text(kind, spec))
+    except ValueError as e:
+        raise RequestError(f"invalid {kind} in '{param}': {e}", param=param) from None
+    if err:
+        raise RequestError(f"invalid {kind} in '{param}': {err.strip()}", param=param)
+    return kind, spec
+
+
+def _response_format(rf: Any) -> tuple[str, str] | None:
+    param = "response_format"
+    if not isinstance(rf, dict) or rf.get("type") not in RESPONSE_FORMATS:
+        raise RequestError(
+            f"'response_format' must be an object with type one of {', '.join(RESPONSE_FORMATS)}",
+            param=param,
+        )
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return check_grammar("json_object", "", param)
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict | bool):
+            raise RequestError(
+                "'response_format.json_schema' must be an object with a 'schema' object",
+                param="response_format.json_schema",
+            )
+        schema = js.get("schema", {})
+        return check_grammar("json_schema", json.dumps(schema), "response_format.json_schema")
+    value = rf.get(kind)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise RequestError(
+                "'response_format.choice' must be a non-empty list of strings",
+                param="response_format.choice",
+            )
+        return check_grammar("choice", json.dumps(value), "response_format.choice")
+    if not isinstance(value, str) or not value:
+        raise RequestError(
+            f"'response_format.{kind}' must be a non-empty string", param=f"response_format.{kind}"
+        )
+    return check_grammar(kind, value, f"response_format.{kind}")
+
+
+def _extension(body: dict[str, Any], key: str) -> tuple[str, str]:
+    kind, value = GUIDED_FIELDS[key], body[key]
+    if kind == "json_schema":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"'{key}' is not valid JSON: {e}", param=key) from None
+        if not isinstance(value, dict | bool):
+            raise RequestError(f"'{key}' must be a JSON schema object", param=key)
+        return check_grammar(kind, json.dumps(value), key)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise RequestError(f"'{key}' must be a non-empty list of strings", param=key)
+        return check_grammar(kind, json.dumps(value), key)
+    if not isinstance(value, str) or not value:
+        raise RequestError(f"'{key}' must be a non-empty string", param=key)
+    return check_grammar(kind, value, key)
+
+
+def parse_guided(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The one grammar ``response_format`` or a ``guided_*`` field asks for (None: free)."""
+    sources = [k for k in GUIDED_FIELDS if body.get(k) is not None]
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        sources.append("response_format")
+    if len(sources) > 1:
+        raise RequestError(f"at most one of {', '.join(sources)} may be given", param=sources[1])
+    if not sources:
+        if rf is not None:
+            _response_format(rf)  # {"type": "text"}: checked, nothing to enforce
+        return None
+    if sources[0] == "response_format":
+        return _response_format(rf)
+    return _extension(body, sources[0])
+
+
+def parse_tools(body: dict[str, Any], guided: tuple[str, str] | None) -> ToolMode | None:
+    """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` of a chat request."""
+    raw = body.get("tools")
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+    if raw is None or raw == []:
+        if choice not in (None, "none", "auto"):
+            raise RequestError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    try:
+        tools = tool_calls.validate_tools(raw)
+    except ValueError as e:
+        raise RequestError(str(e), param="tools") from None
+    name = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        if (
+            choice.get("type") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise RequestError(
+                "'tool_choice' must be none, auto, required or "
+                '{"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        name, choice = fn["name"], "function"
+        if not any(t["function"]["name"] == name for t in tools):
+            raise RequestError(
+                f"'tool_choice' names unknown function {name!r}", param="tool_choice"
+            )
+    elif choice not in ("none", "auto", "required"):
+        raise RequestError(
+            "'tool_choice' must be none, auto, required or a function", param="tool_choice"
+        )
+    mode = ToolMode(tools, choice, name, parallel is not False)
+    if mode.forced and guided is not None:
+        raise RequestError(
+            "'tool_choice' required or a named function cannot be combined with "
+            "'response_format' or guided_* fields",
+            param="tool_choice",
+        )
+    return mode
+
+
+def tool_grammar(mode: ToolMode) -> tuple[str, str] | None:
+    """The grammar enforcing a required or named tool choice."""
+    if mode.choice == "function":
+        assert mode.name is not None
+        schema = tool_calls.named_schema(mode.tools, mode.name)
+    elif mode.choice == "required":
+        schema = tool_calls.required_schema(mode.tools)
+        if not mode.parallel:
+            schema = {**schema, "maxItems": 1}
+    else:
+        return None
+    return check_grammar("json_schema", json.dumps(schema), "tools")
