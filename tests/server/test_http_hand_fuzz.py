@@ -128,3 +128,37 @@ def test_disconnect_while_queued_leaves_no_trace(tiny_model_dir):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_during_a_long_prefill_leaves_no_trace(tiny_model_dir, stream):
+    """A 2,000-token prompt prefilled 2 tokens a step (about a thousand steps); the client
+    leaves before its first token. The request stops mid-prefill (no token is ever generated),
+    its row and locks are freed, and the server answers exactly afterwards."""
+    import time
+
+    import httpx
+
+    s = Server(tiny_model_dir("llama"), "--max-num-batched-tokens", "2")
+    try:
+        body = {"prompt": [5 + i % 400 for i in range(2000)], "max_tokens": 5, "stream": stream}
+        with (
+            pytest.raises(httpx.ReadTimeout),
+            httpx.stream(
+                "POST", s.url + "/v1/completions", headers=s.headers(), json=body, timeout=0.5
+            ) as r,
+        ):
+            for _ in r.iter_lines():
+                pass
+        metric = s.metric
+        deadline = time.time() + 20
+        while time.time() < deadline and metric("tandem_num_requests_running") > 0:
+            time.sleep(0.1)
+        assert metric("tandem_num_requests_running") == 0
+        assert metric("tandem_num_requests_waiting") == 0
+        assert metric("tandem_kv_cache_usage_ratio") == 0
+        assert metric("tandem_generation_tokens_total") == 0  # aborted before its first token
+        r = s.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        s.stop()
