@@ -40,6 +40,8 @@ SERVING=(
   idna==3.20
   certifi==2026.10.19.post1
   tqdm==4.70.1
+  # guided decoding (a core dependency)
+  llguidance==1.9.1
 )
 
 bash ../shared/gpu/stage.sh "${SERVING[@]}"

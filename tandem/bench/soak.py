@@ -131,7 +131,8 @@ async def _worker(
                 else:
                     tally.error(f"HTTP {r.status_code}")
         except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
-            tally.error(type(e).__name__)
+            kind = "stream" if body.get("stream") else "plain"
+            tally.error(f"{type(e).__name__} ({kind} {path}): {e}"[:200])
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -189,6 +190,7 @@ def slope_mb_per_min(samples: list[dict[str, Any]]) -> float:
 
 
 async def soak(args) -> dict[str, Any]:
+    commit = _commit()  # what the server runs (the tree may move on during a long soak)
     server = Server(Path(args.model), *args.serve_args, api_key=None, debug_invariants=False)
     tally = Tally()
     try:
@@ -210,7 +212,7 @@ async def soak(args) -> dict[str, Any]:
         rc = server.stop()
     return {
         "command": " ".join(sys.argv),
-        "commit": _commit(),
+        "commit": commit,
         "concurrency": args.concurrency,
         "duration_s": args.duration_s,
         "serve_args": args.serve_args,

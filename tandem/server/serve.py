@@ -14,6 +14,8 @@ from tandem.frontend.tokenizer import Tokenizer
 from tandem.model_source import DEFAULT_MODEL_NAME, resolve_model
 from tandem.server.app import ServerSettings, create_app
 
+KEEP_ALIVE_S = 65  # seconds an idle HTTP connection stays open
+
 
 async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSettings) -> int:
     import uvicorn
@@ -22,7 +24,16 @@ async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSet
     await client.start()
     app = create_app(client, Tokenizer.load(resolve_model(config.model)), settings)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=30,
+            # Longer than clients keep idle connections (httpx 5 s, aiohttp 15 s): a server
+            # closing one just as a client reuses it resets that client's request.
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
     )
     client.on_death = lambda reason: setattr(server, "should_exit", True)
 
