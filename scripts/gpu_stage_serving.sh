@@ -40,11 +40,14 @@ SERVING=(
   idna==3.20
   certifi==2026.10.19.post1
   tqdm==4.70.1
-  # guided decoding (a core dependency)
-  llguidance==1.9.1
 )
+# Guided decoding (a core dependency). Its wheel is manylinux_2_31, a tag stage.sh does not
+# ask for, so it is fetched here (the device's glibc is newer).
+GUIDED=(llguidance==1.9.1)
 
 bash ../shared/gpu/stage.sh "${SERVING[@]}"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_31_x86_64 -d .gpu/b "${GUIDED[@]}"
 # The device's copy of the tree has no .git: scripts/h200_compare.sh records this instead.
 dirty=$([ -z "$(git status --porcelain -- tandem)" ] || echo -dirty)
 echo "$(git rev-parse HEAD)$dirty" > .gpu/b/tandem_commit
@@ -57,13 +60,13 @@ trap 'rm -rf "$check"' EXIT
 pip312() {  # .gpu/b alone: no config file, no PIP_* variables (find-links, index)
   PIP_CONFIG_FILE=/dev/null python3 -m pip --isolated install -q --dry-run --no-index --find-links .gpu/b --only-binary=:all: \
     --python-version 3.12 --implementation cp \
-    --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_35_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
     --target "$check/site" "$@"
 }
-pip312 "${SERVING[@]}"
+pip312 "${SERVING[@]}" "${GUIDED[@]}"
 pip312 --no-deps mlx==0.32.4 mlx-lm==0.32.2
-python3 - "${SERVING[@]}" <<'EOF'
+python3 - "${SERVING[@]}" "${GUIDED[@]}" <<'EOF'
 import sys
 from pathlib import Path
 

@@ -1,7 +1,8 @@
 """What grammar-constrained rows cost their batch: decode throughput of one batch with no,
 half or all rows constrained by a JSON schema, overlap on and off. Offline engine, same
 prompts, greedy, every row runs exactly ``--tokens`` tokens (the schema is an array of at
-least 500 objects, so no row's grammar completes early), warm-up first, median of repeats.
+least 500 objects, so no row's grammar completes early); both engines built and warmed up
+front, repeats interleaved over every point, medians reported.
 Also reports the host time spent computing masks per step.
 
     python -m tandem.bench.guided_mix --model DIR [--batch 16] [--tokens 64] [--repeats 3]
@@ -43,38 +44,50 @@ def params_for(mix: str, i: int, tokens: int) -> SamplingParams:
     )
 
 
-def measure(llm: LLM, prompts: list[list[int]], args) -> dict[str, dict[str, float]]:
-    sched = llm.engine.scheduler
+def measure(llms: dict[str, LLM], prompts: list[list[int]], args) -> dict[str, dict]:
+    """Every (mode, mix) warmed with a full-length run first, then the repeats interleaved
+    (repeat r runs every mode and mix once), so drift hits all points alike."""
     spent = {"s": 0.0, "calls": 0}
-    original = sched.grammar_masks
+    for llm in llms.values():
+        sched = llm.engine.scheduler
+        original = sched.grammar_masks
 
-    def timed(plan, words):
-        t = time.perf_counter()
-        try:
-            return original(plan, words)
-        finally:
-            if plan.sampling.constrained:
-                spent["s"] += time.perf_counter() - t
-                spent["calls"] += 1
-
-    sched.grammar_masks = timed  # type: ignore[method-assign]
-    out = {}
-    for mix in MIXES:
-        params = [params_for(mix, i, args.tokens) for i in range(args.batch)]
-        llm.generate(prompts, [params_for(mix, i, 4) for i in range(args.batch)])  # warm-up
-        rates, mask_ms = [], []
-        for _ in range(args.repeats):
-            spent.update(s=0.0, calls=0)
+        def timed(plan, words, original=original):
             t = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            dt = time.perf_counter() - t
-            assert all(len(o.token_ids) == args.tokens for o in outs)
-            rates.append(sum(len(o.token_ids) for o in outs) / dt)
-            mask_ms.append(1e3 * spent["s"] / max(1, spent["calls"]))
-        out[mix] = {
-            "tok_per_s": statistics.median(rates),
-            "mask_ms_per_step": statistics.median(mask_ms),
-            "chained_share": llm.engine.loop.num_chained / max(1, llm.engine.loop.num_steps),
+            try:
+                return original(plan, words)
+            finally:
+                if plan.sampling.constrained:
+                    spent["s"] += time.perf_counter() - t
+                    spent["calls"] += 1
+
+        sched.grammar_masks = timed  # type: ignore[method-assign]
+    params = {mix: [params_for(mix, i, args.tokens) for i in range(args.batch)] for mix in MIXES}
+    for llm in llms.values():
+        for mix in MIXES:
+            llm.generate(prompts, params[mix])  # warm-up: every shape this run will see
+    rates: dict[tuple[str, str], list[float]] = {}
+    mask_ms: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for mode, llm in llms.items():
+            for mix in MIXES:
+                spent.update(s=0.0, calls=0)
+                t = time.perf_counter()
+                outs = llm.generate(prompts, params[mix])
+                dt = time.perf_counter() - t
+                assert all(len(o.token_ids) == args.tokens for o in outs)
+                rates.setdefault((mode, mix), []).append(args.batch * args.tokens / dt)
+                mask_ms.setdefault((mode, mix), []).append(
+                    1e3 * spent["s"] / max(1, spent["calls"])
+                )
+    out: dict[str, dict] = {}
+    for (mode, mix), r in rates.items():
+        loop = llms[mode].engine.loop
+        out.setdefault(mode, {})[mix] = {
+            "tok_per_s": statistics.median(r),
+            "tok_per_s_all": r,
+            "mask_ms_per_step": statistics.median(mask_ms[(mode, mix)]),
+            "chained_share": loop.num_chained / max(1, loop.num_steps),
         }
     return out
 
@@ -91,11 +104,11 @@ def main() -> None:
     prompts = [
         [(7 * i + 13 * j) % 500 + 3 for j in range(args.prompt_len)] for i in range(args.batch)
     ]
-    results = {}
-    for overlap in (True, False):
-        llm = LLM(args.model, prefix_cache=False, overlap=overlap)
-        results["overlap" if overlap else "no-overlap"] = measure(llm, prompts, args)
-        del llm
+    llms = {
+        "overlap": LLM(args.model, prefix_cache=False, overlap=True),
+        "no-overlap": LLM(args.model, prefix_cache=False, overlap=False),
+    }
+    results = measure(llms, prompts, args)
     base = results["overlap"]["none"]["tok_per_s"]
     for mode, mixes in results.items():
         for mix, r in mixes.items():

@@ -47,6 +47,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                     "max_model_len": built.max_model_len,
                     "model_type": built.model_type,
                     "pid": os.getpid(),
+                    "vocab_size": engine.vocab_size,
                 },
             ]
         )
@@ -87,10 +88,10 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
         if engine.has_unfinished() and not paused:
             try:
                 outputs += _encode(engine.step())
-            except Exception:
-                sys.stderr.write(traceback.format_exc())
+            except Exception as e:
+                sys.stderr.write(traceback.format_exc())  # the whole story goes to the log
                 sys.stderr.flush()
-                outbox.send(pack(["fatal", traceback.format_exc()]))
+                outbox.send(pack(["fatal", f"engine step failed: {type(e).__name__}: {e}"]))
                 outbox.close(linger=2000)
                 os._exit(1)
         idle_now = not engine.has_unfinished()

@@ -53,6 +53,11 @@ class Engine:
     ) -> str:
         """Queue a request; raises ValueError if it can never be served. ``follows``: the id
         of a request with the same prompt whose prefill this one should reuse (n > 1)."""
+        for t in prompt_token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"prompt token ids must be non-negative integers, got {t!r}")
+            if self.vocab_size is not None and t >= self.vocab_size:
+                raise ValueError(f"prompt token id {t} is out of range [0, {self.vocab_size})")
         if self.vocab_size is not None:
             bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
             if bad:

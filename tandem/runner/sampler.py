@@ -220,12 +220,15 @@ def uniform_noise(
 def apply_grammar(logits: mx.array, rows: mx.array, masks: mx.array) -> mx.array:
     """-inf outside each constrained row's allowed tokens. ``masks`` (C, W) int32 bitmasks
     (bit b of word w allows token 32 w + b) for the logits rows ``rows`` (C,)."""
-    vocab = logits.shape[-1]
+    n, vocab = logits.shape
     shifts = mx.arange(32, dtype=mx.uint32)
     bits = (masks.astype(mx.uint32)[:, :, None] >> shifts) & 1
-    allowed = bits.reshape(masks.shape[0], -1)[:, :vocab]
-    bias = mx.where(allowed > 0, 0.0, -mx.inf).astype(logits.dtype)
-    return logits.at[rows].add(bias)
+    allowed = bits.reshape(masks.shape[0], -1)[:, :vocab] > 0
+    # Select, never add: a disallowed logit that an edit made +inf must still end up -inf.
+    kept = mx.where(allowed, logits[rows], -mx.inf)
+    placed = mx.zeros_like(logits).at[rows].add(kept)
+    is_constrained = mx.zeros((n, 1), dtype=mx.int32).at[rows].add(1) > 0
+    return mx.where(is_constrained, placed, logits)
 
 
 def sample(

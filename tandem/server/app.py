@@ -14,11 +14,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.frontend.engine_client import EngineClient, EngineDeadError
 from tandem.frontend.stop import StopStringMatcher
 from tandem.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
-from tandem.sampling_params import SamplingParams, stop_token_set
+from tandem.sampling_params import INT_MAX, SamplingParams, stop_token_set
 from tandem.server.chat_output import ChatOutput
 from tandem.server.metrics import Metrics
 from tandem.server.openapi import install_openapi
@@ -43,6 +44,9 @@ class ServerSettings:
     default_max_tokens: int = 2048  # chat completions without max_tokens
     reasoning: str = "auto"  # split <think> blocks: auto (template uses them) | on | off
     tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
+
+
+SEEDS = INT_MAX + 1  # seed + j of sample j wraps within the 64-bit range
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +99,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             raise RequestError(f"request body exceeds {settings.max_body_bytes} bytes", status=413)
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # also ints past Python's digit limit
             raise RequestError(f"malformed JSON: {e}") from None
 
     def check_model(req: GenerationRequest) -> None:
@@ -112,6 +116,12 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     def check_capacity(n: int) -> None:
         if not client.healthy:
             raise RequestError("engine is not available", status=503, kind="server_error")
+        if n > settings.max_pending:
+            raise RequestError(
+                f"this request asks for {n} sequences (prompts x n); the server admits at "
+                f"most {settings.max_pending} at once",
+                param="n",
+            )
         if admitted[0] + n > settings.max_pending:
             raise RequestError("server is overloaded, retry later", status=503, kind="server_error")
 
@@ -233,6 +243,12 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         shaper: Callable[[], ChatOutput] | None = None,
     ) -> Response:
         plist = [params_for(req, len(p), default_max) for p in prompts]
+        vocab = int(client.info.get("vocab_size") or 0)
+        bad = [t for t, _ in plist[0].logit_bias if vocab and t >= vocab] if plist else []
+        if bad:
+            raise RequestError(
+                f"logit_bias token id {bad[0]} is out of range [0, {vocab})", param="logit_bias"
+            )
         # n samples per prompt: choice p * n + j. Samples after the first follow it (they
         # reuse its prefill through the prefix cache) and draw with seed + j.
         # best_of (completions): sample m >= n per prompt, return the n with the highest total
@@ -245,7 +261,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             if m > n and sp.logprobs is None:
                 sp = replace(sp, logprobs=0)
             for j in range(m):
-                seeded = sp if sp.seed is None or j == 0 else replace(sp, seed=sp.seed + j)
+                seeded = (
+                    sp if sp.seed is None or j == 0 else replace(sp, seed=(sp.seed + j) % SEEDS)
+                )
                 jobs.append((prompt, seeded, rids[p * m + j], rids[p * m] if j else None))
         check_capacity(len(jobs))
         shapers = [shaper() if shaper else ChatOutput() for _ in jobs]
@@ -462,8 +480,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 while left:
                     i, item = await queue.get()
                     if isinstance(item, Exception):
-                        msg = str(item)
-                        yield _sse({"error": {"message": msg, "type": "server_error"}})
+                        kind = item.kind if isinstance(item, RequestError) else "server_error"
+                        yield _sse({"error": {"message": str(item), "type": kind}})
                         left -= 1
                         continue
                     counts[i] = item.num_tokens
@@ -518,6 +536,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, e: RequestError):
         return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, e: StarletteHTTPException):
+        """Routing errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
+        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+        response = error_response(RequestError(str(e.detail), status=e.status_code, kind=kind))
+        response.headers.update(e.headers or {})  # e.g. Allow on a 405
+        return response
 
     @app.exception_handler(EngineDeadError)
     async def on_engine_dead(request: Request, e: EngineDeadError):

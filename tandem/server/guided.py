@@ -64,15 +64,26 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
             param=param,
         )
     kind = rf["type"]
+    allowed = {"type", kind} if kind not in ("text", "json_object") else {"type"}
+    if extra := set(rf) - allowed:
+        raise RequestError(
+            f"'response_format' of type {kind} has no field {sorted(extra)[0]!r}", param=param
+        )
     if kind == "text":
         return None
     if kind == "json_object":
         return check_grammar("json_object", "", param)
     if kind == "json_schema":
         js = rf.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict | bool):
+        keys = {"name", "schema", "strict", "description"}
+        if (
+            not isinstance(js, dict)
+            or set(js) - keys
+            or not isinstance(js.get("schema", {}), dict | bool)
+        ):
             raise RequestError(
-                "'response_format.json_schema' must be an object with a 'schema' object",
+                "'response_format.json_schema' must be an object with a 'schema' object "
+                "(and optionally name, description, strict)",
                 param="response_format.json_schema",
             )
         schema = js.get("schema", {})

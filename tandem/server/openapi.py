@@ -23,7 +23,7 @@ from tandem.server.tool_calls import MAX_TOOLS
 
 Schema = dict[str, Any]
 
-MAX_BODY_BYTES = 4 << 20  # ServerSettings.max_body_bytes's default (--max-body-bytes has none)
+MAX_BODY_BYTES = 4 << 20  # ServerSettings.max_body_bytes (no flag changes it)
 REF = "#/components/schemas/"
 INTEGERS = (
     "Integer fields take JSON integers written without a fraction (2, not 2.0); null in an "
@@ -150,7 +150,7 @@ def _message(role: str, extra: dict[str, Schema], required: list[str], **more: A
         "properties": {
             "role": {"const": role},
             "content": content,
-            "name": {"type": "string"},
+            "name": {"type": ["string", "null"]},
             **extra,
         },
         "required": ["role", *required],
@@ -192,13 +192,22 @@ def _messages() -> Schema:
                 _message("user", {}, ["content"]),
                 _message(
                     "assistant",
-                    {"tool_calls": {"type": "array", "items": tool_call}},
+                    {"tool_calls": _nullable({"type": "array", "items": tool_call})},
                     [],
-                    anyOf=[{"required": ["content"]}, {"required": ["tool_calls"]}],
+                    anyOf=[
+                        {
+                            "required": ["content"],
+                            "properties": {"content": {"not": {"type": "null"}}},
+                        },
+                        {
+                            "required": ["tool_calls"],
+                            "properties": {"tool_calls": {"type": "array"}},
+                        },
+                    ],
                 ),
                 _message(
                     "tool",
-                    {"tool_call_id": {"type": "string", "description": "The call answered."}},
+                    {"tool_call_id": _string("The call answered.")},
                     ["content"],
                 ),
             ]
@@ -307,6 +316,48 @@ def _tools() -> dict[str, Schema]:
     }
 
 
+def _conflicts(chat: bool) -> Schema:
+    """Combinations of valid fields that are a 400 (for ``not``): two output constraints (the
+    guided_* fields and a response_format other than text; null means absent); for chat also
+    a forced tool_choice (required or a function) without tools or with an output constraint,
+    and top_logprobs without logprobs: true."""
+    given: dict[str, Schema] = {key: {"not": {"type": "null"}} for key in GUIDED_FIELDS}
+    given["response_format"] = {
+        "not": {
+            "anyOf": [
+                {"type": "null"},
+                {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]},
+            ]
+        }
+    }
+    keys = list(given)
+    rules: list[Schema] = [
+        {"required": [a, b], "properties": {a: given[a], b: given[b]}}
+        for i, a in enumerate(keys)
+        for b in keys[i + 1 :]
+    ]
+    if chat:
+        forced: Schema = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+        no_tools: Schema = {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]}
+        rules.append(
+            {"required": ["tool_choice"], "properties": {"tool_choice": forced, "tools": no_tools}}
+        )
+        rules += [
+            {"required": ["tool_choice", k], "properties": {"tool_choice": forced, k: given[k]}}
+            for k in keys
+        ]
+        rules.append(
+            {
+                "required": ["top_logprobs"],
+                "properties": {
+                    "top_logprobs": {"type": "integer"},
+                    "logprobs": {"not": {"const": True}},
+                },
+            }
+        )
+    return {"anyOf": rules}
+
+
 def completion_request_schema() -> Schema:
     """POST /v1/completions (``requests.COMPLETION_FIELDS`` and the neutral fields)."""
     token_ids: Schema = {
@@ -349,6 +400,7 @@ def completion_request_schema() -> Schema:
         },
         "required": ["prompt"],
         "additionalProperties": False,
+        "not": _conflicts(chat=False),
     }
 
 
@@ -378,6 +430,7 @@ def chat_request_schema() -> Schema:
         },
         "required": ["messages"],
         "additionalProperties": False,
+        "not": _conflicts(chat=True),
     }
 
 

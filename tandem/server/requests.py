@@ -103,11 +103,26 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
         if key in allowed:
             continue
         if key in _NEUTRAL:
-            if value not in _NEUTRAL[key]:
+            if not any(_same(value, n) for n in _NEUTRAL[key]):
                 raise RequestError(f"'{key}' is not supported yet", param=key)
             continue
         raise RequestError(f"unknown field '{key}'", param=key)
     return body
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same JSON type (False is not 0, 0.0 is not 0)."""
+    return type(a) is type(b) and a == b
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    """An optional boolean field (absent or null: False)."""
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{key}' must be a boolean", param=key)
+    return value
 
 
 def _number(body: dict[str, Any], key: str, *, integer: bool = False) -> Any:
@@ -141,12 +156,11 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
             f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_LENGTH} characters",
             param="stop",
         )
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise RequestError("'stream' must be a boolean", param="stream")
+    stream = _flag(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
         raise RequestError("'stream_options' supports only include_usage", param="stream_options")
+    include_usage = _flag(opts, "include_usage") if opts else False
     sampling: dict[str, Any] = {}
     for key in (
         "temperature",
@@ -162,7 +176,9 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
     if bias is not None:
         if not isinstance(bias, dict) or not all(
             isinstance(k, str)
+            and k.isascii()
             and k.isdigit()
+            and len(k) <= 19
             and isinstance(v, int | float)
             and not isinstance(v, bool)
             and math.isfinite(v)
@@ -188,9 +204,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         if not isinstance(ignore, bool):
             raise RequestError("'ignore_eos' must be a boolean", param="ignore_eos")
         sampling["ignore_eos"] = ignore
-    return_ids = body.get("return_token_ids") or False
-    if not isinstance(return_ids, bool):
-        raise RequestError("'return_token_ids' must be a boolean", param="return_token_ids")
+    return_ids = _flag(body, "return_token_ids")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", param="user")
@@ -220,7 +234,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         "max_tokens": max_tokens,
         "stop": stops,
         "stream": stream,
-        "include_usage": bool(opts and opts.get("include_usage")),
+        "include_usage": include_usage,
         "sampling": sampling,
         "return_token_ids": return_ids,
     }
@@ -244,7 +258,10 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
             isinstance(prompt, list)
             and prompt
             and all(
-                isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt
+                isinstance(p, list)
+                and p
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+                for p in prompt
             )
         )
     ):
@@ -268,9 +285,7 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
                 f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", param="logprobs"
             )
         common["sampling"]["logprobs"] = k
-    echo = body.get("echo") or False
-    if not isinstance(echo, bool):
-        raise RequestError("'echo' must be a boolean", param="echo")
+    echo = _flag(body, "echo")
     if echo and k is not None:
         common["sampling"].setdefault("prompt_logprobs", k)
     best_of = _number(body, "best_of", integer=True)
@@ -331,7 +346,10 @@ def parse_chat(body: Any) -> ChatRequest:
             content = ""
         if isinstance(content, list):
             if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                isinstance(p, dict)
+                and set(p) == {"type", "text"}
+                and p["type"] == "text"
+                and isinstance(p["text"], str)
                 for p in content
             ):
                 raise RequestError(
@@ -347,6 +365,8 @@ def parse_chat(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    if key == "max_completion_tokens" and body.get("max_tokens") is not None:
+        _common({"max_tokens": body["max_tokens"]})  # validated, superseded
     common = _common(body, key)
     tools = parse_tools(body, common["sampling"].get("guided"))
     if tools is not None:
@@ -390,8 +410,18 @@ def _history_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     out = []
     for c in calls:
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"{param} entries need function.name", param=param)
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or set(c) - {"id", "type", "function"}
+            or set(fn) - {"name", "arguments"}
+            or c.get("type", "function") != "function"
+            or not isinstance(c.get("id", ""), str)
+        ):
+            raise RequestError(
+                f"{param} entries must be {{id, type: function, function: {{name, arguments}}}}",
+                param=param,
+            )
         args = fn.get("arguments", {})
         if isinstance(args, str):
             try:
@@ -404,7 +434,7 @@ def _history_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
             "type": "function",
             "function": {"name": fn["name"], "arguments": args},
         }
-        if isinstance(c.get("id"), str):
+        if "id" in c:
             entry["id"] = c["id"]
         out.append(entry)
     return out

@@ -51,6 +51,19 @@ BODIES = [
     ("/v1/chat/completions", {"messages": MSG, "chat_template_kwargs": "x"}),
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": BIG, "logprobs": True}),
     ("/v1/chat/completions", {"messages": MSG, "n": 0}),
+    # Found by the OpenAPI fuzzer (tandem/testing/openapi_fuzz.py), each once a 5xx or a
+    # dead engine:
+    ("/v1/completions", {"prompt": [[True]], "max_tokens": 2, "repetition_penalty": 1.5}),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"\u00b2": 1}}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 1, "n": 2}),
+    ("/v1/completions", {"prompt": "x", "stream": True, "logit_bias": {"99999": 1}}),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "0", "repetition_penalty": 5e-324}),
+    ("/v1/completions", {"prompt": ["a"] * 100, "n": 16, "max_tokens": 1}),
+    ("/v1/completions", {"prompt": "x", "stream": 0}),
+    ("/v1/completions", {"prompt": "x", "echo": ""}),
+    ("/v1/completions", {"prompt": "x", "top_logprobs": False}),
+    ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 2, "max_tokens": -1}),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "text", "x": 1}}),
 ]
 
 
@@ -77,6 +90,49 @@ def test_malformed_bodies_get_4xx(server, path, raw):
 @pytest.mark.parametrize(("path", "body"), BODIES, ids=[str(i) for i in range(len(BODIES))])
 def test_hostile_values_never_5xx(server, path, body):
     _check(server.post(path, json=body))
+
+
+def test_huge_integer_literal_is_a_400(server):
+    headers = {**server.headers(), "content-type": "application/json"}
+    raw = b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}"
+    r = server.post("/v1/completions", content=raw, headers=headers)
+    assert r.status_code == 400
+
+
+def test_routing_errors_have_the_openai_shape(server):
+    import httpx
+
+    r = httpx.delete(server.url + "/v1/completions", headers=server.headers())
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "POST" in r.headers["allow"]
+    r = server.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["message"]
+
+
+def test_fuzz_findings_are_rejected_not_ignored(server):
+    """Values that used to be accepted and ignored (or crash) are 400s naming the field."""
+    cases = [
+        ({"prompt": [[True]], "max_tokens": 2}, "prompt"),
+        ({"prompt": "x", "logit_bias": {"\u00b2": 1}}, "logit_bias"),
+        ({"prompt": "x", "stream": True, "logit_bias": {"99999": 1}}, "logit_bias"),
+        ({"prompt": ["a"] * 100, "n": 16, "max_tokens": 1}, "n"),
+        ({"prompt": "x", "stream": 0}, "stream"),
+        ({"prompt": "x", "echo": ""}, "echo"),
+        ({"prompt": "x", "top_logprobs": False}, "top_logprobs"),
+    ]
+    for body, param in cases:
+        r = server.post("/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    r = server.post(
+        "/v1/completions",
+        json={"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 1, "n": 2, "ignore_eos": True},
+    )
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    r = server.post(
+        "/v1/completions",
+        json={"prompt": "hi", "guided_regex": "0", "repetition_penalty": 5e-324, "max_tokens": 3},
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "0"
 
 
 def test_message_count_is_limited(server):
