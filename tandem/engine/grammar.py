@@ -128,6 +128,43 @@ class Matcher:
         return self._m.get_error() if self._m.is_error() else ""
 
 
+PARALLEL_MIN = 4  # rows from which masks and token consumption go to llguidance's threads
+_executor: Any = None
+
+
+def _pool() -> Any:
+    global _executor
+    if _executor is None:
+        import llguidance
+
+        _executor = llguidance.LLExecutor()
+    return _executor
+
+
+def fill_masks(matchers: list[Matcher | None], out: np.ndarray) -> None:
+    """``out[i]`` = the allowed next tokens of ``matchers[i]``; rows whose matcher is None or
+    failed are left as they are (the caller fills them with -1: all allowed)."""
+    live = [(i, m) for i, m in enumerate(matchers) if m is not None and not m._m.is_error()]
+    if len(live) < PARALLEL_MIN:
+        for i, m in live:
+            m.fill(out[i])
+        return
+    assert out.flags["C_CONTIGUOUS"] and out.dtype == np.int32
+    assert out.shape[1] == live[0][1].words, "mask rows of the wrong width"
+    _pool().unsafe_compute_mask_ptr(
+        [(m._m, i) for i, m in live], out.ctypes.data, out.shape[1] * 4, out.shape[0]
+    )
+
+
+def accept_all(pairs: list[tuple[Matcher, int]]) -> list[bool]:
+    """Consume one token per matcher (in parallel for many); False where rejected."""
+    if len(pairs) < PARALLEL_MIN:
+        return [m.accept(t) for m, t in pairs]
+    for m, _ in pairs:
+        m.consumed += 1
+    return [bool(ok) for ok in _pool().consume_token_par([(m._m, t) for m, t in pairs])]
+
+
 def allowed(mask_row: np.ndarray, vocab_size: int) -> np.ndarray:
     """Bitmask row → bool array over the vocabulary (tests, debugging)."""
     bits = np.unpackbits(mask_row.view(np.uint8), bitorder="little")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tandem.engine.grammar import Matcher, accept_all, fill_masks
 from tandem.engine.plan import PrefillChunk, RowCopy, RowSampling, StepPlan, StepResult
 from tandem.engine.radix import Match, Node, RadixTree
 from tandem.engine.request import Request, RequestStatus
@@ -507,13 +508,30 @@ class Scheduler:
         for rid, entries in (result.prompt_logprobs or {}).items():
             req = self.running[rid]
             req.prompt_logprobs = (req.prompt_logprobs or []) + entries
+        # Grammar rows consume their tokens first, together (llguidance's threads for many).
+        guided = [
+            (row, self.running[rid], token)
+            for row, (rid, token) in enumerate(
+                zip(plan.row_request_ids, result.tokens, strict=True)
+            )
+            if rid is not None
+            and self.running[rid].grammar is not None
+            and not self.running[rid].finished
+        ]
+        accepted = dict(
+            zip(
+                (row for row, _, _ in guided),
+                accept_all([(req.grammar, token) for _, req, token in guided]),
+                strict=True,
+            )
+        )
         for row, (rid, token) in enumerate(zip(plan.row_request_ids, result.tokens, strict=True)):
             if rid is None:
                 continue
             req = self.running[rid]
             if req.finished:
                 continue  # finished earlier in the chain; this token is past its end
-            if req.grammar is not None and not req.grammar.accept(token):
+            if req.grammar is not None and not accepted[row]:
                 # Masks make this impossible; if it happens the request fails alone.
                 error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
                 self._finish(req, "error", emit=False)
@@ -555,12 +573,16 @@ class Scheduler:
         if not rows:
             return None
         masks = np.full((len(rows), words), -1, dtype=np.int32)
-        for i, row in enumerate(rows):
+        matchers: list[Matcher | None] = []
+        for row in rows:
             rid = plan.row_request_ids[row]
             req = self.running.get(rid) if rid is not None else None
             if req is not None and not req.finished and req.grammar is not None:
                 assert req.grammar.consumed == len(req.output_token_ids), "mask computed early"
-                req.grammar.fill(masks[i])
+                matchers.append(req.grammar)
+            else:
+                matchers.append(None)  # finished in the chain: its token is discarded
+        fill_masks(matchers, masks)
         return masks
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from tandem.engine.engine import Engine
@@ -160,3 +161,31 @@ def test_a_token_the_grammar_rejects_fails_only_that_request(tokenizer):
                 errors[out.request_id] = out.error
     assert done == {"g": "error", "u": "length"}
     assert "grammar rejected" in errors["g"]
+
+
+def test_parallel_masks_and_consumption_equal_sequential(tokenizer):
+    """llguidance's thread pool (many rows) gives the same masks and verdicts as one by one."""
+    from tandem.engine.grammar import PARALLEL_MIN, accept_all, fill_masks
+
+    compiler = GrammarCompiler(tokenizer.hf, VOCAB, tokenizer.eos_token_ids)
+    cases = [c for c in CASES if c.bounded][: 2 * PARALLEL_MIN]
+    rng = random.Random(0)
+
+    def matchers():
+        return [compiler.matcher(*c.guided) for c in cases]
+
+    par, seq = matchers(), matchers()
+    for _ in range(6):
+        out_par = np.full((len(par), compiler.words), -1, dtype=np.int32)
+        out_seq = out_par.copy()
+        fill_masks(par, out_par)
+        for i, m in enumerate(seq):
+            m.fill(out_seq[i])
+        assert (out_par == out_seq).all()
+        # Mostly allowed tokens, sometimes a random one (may be rejected).
+        tokens = []
+        for row in out_seq:
+            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
+            tokens.append(int(rng.choice(allowed)) if rng.random() < 0.8 else rng.randrange(VOCAB))
+        verdicts = accept_all(list(zip(par, tokens, strict=True)))
+        assert verdicts == [m.accept(t) for m, t in zip(seq, tokens, strict=True)]
