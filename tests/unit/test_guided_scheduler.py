@@ -163,9 +163,13 @@ def test_a_token_the_grammar_rejects_fails_only_that_request(tokenizer):
     assert "grammar rejected" in errors["g"]
 
 
-def test_parallel_masks_and_consumption_equal_sequential(tokenizer):
+def test_parallel_masks_and_consumption_equal_sequential(tokenizer, monkeypatch):
     """llguidance's thread pool (many rows) gives the same masks and verdicts as one by one."""
-    from tandem.engine.grammar import PARALLEL_MIN, accept_all, fill_masks
+    import tandem.engine.grammar as grammar
+    from tandem.engine.grammar import accept_all, fill_masks
+
+    PARALLEL_MIN = 4
+    monkeypatch.setattr(grammar, "PARALLEL_MIN", PARALLEL_MIN)
 
     compiler = GrammarCompiler(tokenizer.hf, VOCAB, tokenizer.eos_token_ids)
     cases = [c for c in CASES if c.bounded][: 2 * PARALLEL_MIN]
