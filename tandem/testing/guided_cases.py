@@ -130,3 +130,49 @@ CASES: list[GuidedCase] = [
         lambda t: t in {"answer: yes", "answer: no"},
     ),
 ]
+
+
+def random_schema(rng, depth: int = 0) -> dict:
+    """A random bounded JSON schema (objects, arrays, enums, ranges, strings, anyOf): every
+    sentence of it is short, so a random model finishes it."""
+    kinds = ["integer", "boolean", "string", "enum", "const", "null"]
+    if depth < 2:
+        kinds += ["object", "array", "anyOf"]
+    kind = rng.choice(kinds)
+    if kind == "integer":
+        lo = rng.randint(-1000, 1000)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 500)}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "string":
+        return {"type": "string", "maxLength": rng.randint(0, 8)}
+    if kind == "enum":
+        return {"enum": rng.sample(["a", "bb", "ccc", "dd d", "é", "x-y"], rng.randint(1, 4))}
+    if kind == "const":
+        return {"const": rng.choice(["on", "off", 7, True])}
+    if kind == "null":
+        return {"type": "null"}
+    if kind == "array":
+        lo = rng.randint(0, 2)
+        return {
+            "type": "array",
+            "items": random_schema(rng, depth + 1),
+            "minItems": lo,
+            "maxItems": lo + rng.randint(0, 2),
+        }
+    if kind == "anyOf":
+        return {"anyOf": [random_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]}
+    names = rng.sample(["id", "name", "tags", "ok", "value", "kind", "child"], rng.randint(1, 4))
+    props = {n: random_schema(rng, depth + 1) for n in names}
+    required = [n for n in names if rng.random() < 0.7]
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+def random_schema_case(rng) -> GuidedCase:
+    schema = random_schema(rng)
+    return _schema_case(f"random-{rng.getrandbits(32):08x}", schema)

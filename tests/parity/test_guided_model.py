@@ -81,3 +81,25 @@ def test_n_samples_of_one_schema_each_valid(tiny_model_dir):
         obj = json.loads(t)
         assert set(obj) == {"name", "age", "member"}
     assert len(set(texts)) > 1
+
+
+def test_random_schemas_on_a_real_model(tiny_model_dir):
+    """24 random bounded schemas, sampled, with greedy unconstrained batchmates: valid,
+    overlap on == off."""
+    from tandem.testing.guided_cases import random_schema_case
+
+    rng = random.Random(5)
+    path = tiny_model_dir("llama")
+    cases = [random_schema_case(rng) for _ in range(24)]
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(2, 16))] for _ in range(30)]
+    params = [
+        SamplingParams(max_tokens=300, temperature=1.0, seed=i, guided=c.guided)
+        for i, c in enumerate(cases)
+    ] + [greedy(12) for _ in range(6)]
+    got = {}
+    for overlap in (True, False):
+        llm = LLM(str(path), overlap=overlap, check_invariants=True)
+        got[overlap] = llm.generate(prompts, params)
+    assert [o.token_ids for o in got[True]] == [o.token_ids for o in got[False]]
+    for case, o in zip(cases, got[True], strict=False):
+        assert o.finish_reason == "stop" and case.check(o.text), (case.spec, o.text)
