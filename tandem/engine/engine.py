@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterable
 
@@ -12,6 +13,8 @@ from tandem.engine.request import Request
 from tandem.engine.scheduler import Scheduler, SchedulerConfig
 from tandem.outputs import EngineOutput
 from tandem.sampling_params import SamplingParams, stop_token_set
+
+log = logging.getLogger("tandem")
 
 
 class Engine:
@@ -30,8 +33,8 @@ class Engine:
         vocab_size: int | None = None,
         grammar: Callable[[], GrammarCompiler] | None = None,
     ) -> None:
-        """``grammar``: builds the compiler for guided requests on first use (None: guided
-        requests are rejected)."""
+        """``grammar``: builds the compiler for guided requests (None, or if it fails: guided
+        requests are rejected with the reason)."""
         self.scheduler = Scheduler(scheduler_config)
         self.loop = OverlapLoop(
             self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
@@ -40,9 +43,19 @@ class Engine:
         self.vocab_size = vocab_size
         self._ids = itertools.count()
         self._rng = random.Random(seed)
-        self._make_grammar = grammar
+        # Built now, not on the first guided request: wrapping a large vocabulary takes
+        # seconds, which would stall every running stream.
         self._grammar: GrammarCompiler | None = None
-        self._words = getattr(runner, "words", None)
+        self._grammar_error = "no tokenizer for grammars"
+        if grammar is not None:
+            try:
+                self._grammar = grammar()
+                if self._grammar.words != getattr(runner, "words", None):
+                    raise ValueError("grammar masks and the model's vocabulary differ in size")
+            except Exception as e:  # the engine still serves unconstrained requests
+                self._grammar = None
+                self._grammar_error = f"{type(e).__name__}: {e}"
+                log.warning("guided decoding disabled: %s", self._grammar_error)
 
     def add_request(
         self,
@@ -75,11 +88,7 @@ class Engine:
 
     def _compiler(self) -> GrammarCompiler:
         if self._grammar is None:
-            if self._make_grammar is None:
-                raise ValueError("guided decoding is not available for this model")
-            self._grammar = self._make_grammar()
-            if self._grammar.words != self._words:
-                raise ValueError("grammar masks and the model's vocabulary differ in size")
+            raise ValueError(f"guided decoding is not available ({self._grammar_error})")
         return self._grammar
 
     def abort(self, request_id: str) -> bool:

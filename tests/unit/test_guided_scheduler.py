@@ -225,3 +225,17 @@ def test_many_random_schemas_every_output_validates(tokenizer, overlap):
     for rid, case in cases.items():
         text = tokenizer.decode(out[rid])
         assert reasons[rid] == "stop" and case.check(text), (case.spec, text)
+
+
+def test_a_tokenizer_llguidance_cannot_wrap_disables_only_guided_requests():
+    def broken():
+        raise ValueError("Only fast tokenizers are supported")
+
+    engine = Engine(FakeRunner(), SchedulerConfig(max_num_seqs=2, max_model_len=64), grammar=broken)
+    with pytest.raises(ValueError, match="not available.*fast tokenizers"):
+        engine.add_request([1], SamplingParams(guided=("regex", "a")))
+    engine.add_request([1, 2], SamplingParams(max_tokens=3, ignore_eos=True), "free")
+    got = []
+    while engine.has_unfinished():
+        got += [o for o in engine.step() if o.finish_reason]
+    assert [(o.request_id, o.finish_reason) for o in got] == [("free", "length")]
