@@ -543,6 +543,50 @@ def test_engine_death_fails_requests_and_exits_nonzero(served_model):
     assert s.proc.wait(60) != 0
 
 
+def test_engine_killed_while_loading_exits_nonzero_with_a_reason(served_model):
+    """The engine process dies before it is ready: `tandem serve` says so and exits non-zero
+    (no hang waiting for a ready message that never comes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tandem.testing.live_server import free_port
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tandem.cli",
+            "serve",
+            "--model",
+            str(served_model),
+            "--port",
+            str(free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 60
+        killed = False
+        while time.time() < deadline and not killed:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            for pid in kids:
+                if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed = True
+            time.sleep(0.01)
+        assert killed, "no engine process appeared"
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, None)
+    assert "engine process exited" in out and "tandem: serving" not in out
+
+
 def test_overload_gives_503(served_model):
     s = Server(served_model, "--max-pending", "2", api_key=None)
     try:
