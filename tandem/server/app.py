@@ -21,6 +21,7 @@ from tandem.frontend.stop import StopStringMatcher
 from tandem.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
 from tandem.sampling_params import INT_MAX, SamplingParams, stop_token_set
 from tandem.server.chat_output import ChatOutput
+from tandem.server.guided import after_reasoning
 from tandem.server.metrics import Metrics
 from tandem.server.openapi import install_openapi
 from tandem.server.reasoning import starts_inside
@@ -573,6 +574,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 param="tools",
             )
         inside = reasoning and starts_inside(tokenizer.decode(ids[-8:], skip_special_tokens=False))
+        if reasoning and req.sampling.get("guided") is not None:
+            # The model thinks freely first; the constraint holds after </think>.
+            req.sampling["guided"] = after_reasoning(req.sampling["guided"], inside)
 
         def shaper() -> ChatOutput:
             fmt = tool_format if tools is not None and tools.choice == "auto" else None

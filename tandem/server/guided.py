@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.engine.grammar import grammar_text
+from tandem.engine.grammar import JSON_OPTIONS, grammar_text
 from tandem.sampling_params import MAX_GUIDED_SPEC
 from tandem.server import tool_calls
 from tandem.server.errors import RequestError
@@ -201,3 +201,33 @@ def tool_grammar(mode: ToolMode) -> tuple[str, str] | None:
     else:
         return None
     return check_grammar("json_schema", json.dumps(schema), "tools")
+
+
+# Reasoning models think first: the constraint applies after the think block, which the model
+# may also skip (a template that disabled thinking) — or is already inside (the prompt opened
+# it). The thought itself is free text up to </think>.
+_THINK = 'thought[stop="</think>"]: /(.|\n)*/\nGAP: /[ \n]{0,4}/\n'
+
+
+def after_reasoning(guided: tuple[str, str], inside: bool) -> tuple[str, str]:
+    """The same constraint, applied after a leading <think>…</think> block (Lark)."""
+    kind, spec = guided
+    if kind in ("json_schema", "json_object"):
+        schema = json.loads(spec) if kind == "json_schema" else {"type": "object"}
+        if isinstance(schema, dict) and "x-guidance" not in schema:
+            schema = {**schema, "x-guidance": JSON_OPTIONS}
+        body = f"body: %json {json.dumps(schema)}\n"
+    elif kind == "regex":
+        body = f"body: BODY\nBODY: /{_lark_regex(spec)}/\n"
+    elif kind == "choice":
+        options = json.loads(spec)
+        body = "body: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in options) + "\n"
+    else:
+        return guided  # a user grammar is taken as it is
+    start = "start: thought GAP body\n" if inside else 'start: ("<think>" thought)? GAP body\n'
+    return check_grammar("grammar", start + _THINK + body, "response_format")
+
+
+def _lark_regex(pattern: str) -> str:
+    """A regex inside Lark's /.../ (slashes escaped)."""
+    return pattern.replace("/", "\\/")

@@ -53,7 +53,7 @@ HERMES_CALL = (
 
 @pytest.fixture(scope="module")
 def server(served_model):
-    s = Server(served_model, "--tool-call-format", "hermes", "--reasoning", "on")
+    s = Server(served_model, "--tool-call-format", "hermes", "--reasoning", "off")
     yield s
     s.stop()
 
@@ -254,12 +254,17 @@ def test_tool_history_messages_are_accepted(server):
     assert r.choices[0].finish_reason in {"length", "stop", "tool_calls"}
 
 
-THINK = r"<think>[a-z ]{3,20}</think>\n\nanswer: (yes|no)"
+# A user grammar (taken as it is, never wrapped) that writes a think block, then an answer.
+THINK = r"start: /<think>[a-z ]{3,20}<\/think>\n\nanswer: (yes|no)/"
 
 
 def test_reasoning_content_split_streamed_and_not(server):
     kw = dict(
-        messages=MSGS, max_tokens=60, temperature=1.0, seed=1, extra_body={"guided_regex": THINK}
+        messages=MSGS,
+        max_tokens=60,
+        temperature=1.0,
+        seed=1,
+        extra_body={"guided_grammar": THINK, "separate_reasoning": True},
     )
     r = client(server).chat.completions.create(model="tiny", **kw)
     msg = r.choices[0].message.model_dump()
@@ -300,3 +305,25 @@ def test_constrained_and_free_requests_share_the_engine(server):
             jsonschema.validate(json.loads(r.choices[0].message.content), schema)
         else:
             assert r.choices[0].finish_reason in {"length", "stop"}
+
+
+def test_constraint_applies_after_thinking(server):
+    """With reasoning separated, the schema holds for the content after </think>; the random
+    model may think until max_tokens, else its answer validates."""
+    schema = SCHEMAS["person"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    for seed in range(3):
+        r = client(server).chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            max_tokens=120,
+            temperature=1.0,
+            seed=seed,
+            response_format=fmt,
+            extra_body={"separate_reasoning": True},
+        )
+        msg = r.choices[0].message.model_dump()
+        if r.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(msg["content"]), schema)
+        else:
+            assert msg["reasoning_content"] or msg["content"]
