@@ -106,6 +106,11 @@ class SamplingParams:
             if len(g[1]) > MAX_GUIDED_SPEC:
                 raise ValueError(f"guided spec longer than {MAX_GUIDED_SPEC} characters")
             object.__setattr__(self, "guided", g)
+            if self.min_tokens:
+                raise ValueError(
+                    "min_tokens cannot be combined with guided decoding (the grammar decides "
+                    "where the output may end)"
+                )
         if self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"

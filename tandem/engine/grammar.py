@@ -68,12 +68,15 @@ class GrammarCompiler:
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: set[int]) -> None:
         import llguidance.hf
 
-        eos = sorted(eos_token_ids)
+        # The grammar's end token: the tokenizer's own EOS if it is one of the stop ids
+        # (e.g. <|im_end|> for a chat model), else the lowest. The scheduler also allows a
+        # request's other stop tokens wherever the grammar allows its end.
+        own = getattr(hf_tokenizer, "eos_token_id", None)
+        eos = own if own in eos_token_ids else min(eos_token_ids, default=None)
+        self.eos = eos
         self.vocab_size = vocab_size
         self.words = words_for(vocab_size)
-        self._tok = llguidance.hf.from_tokenizer(
-            hf_tokenizer, n_vocab=vocab_size, eos_token=eos[0] if eos else None
-        )
+        self._tok = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
     def matcher(self, kind: str, spec: str) -> Matcher:
@@ -95,15 +98,16 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return Matcher(template.deep_copy(), self.words)
+        return Matcher(template.deep_copy(), self.words, self.eos)
 
 
 class Matcher:
     """One request's grammar state."""
 
-    def __init__(self, matcher: Any, words: int) -> None:
+    def __init__(self, matcher: Any, words: int, eos: int | None = None) -> None:
         self._m = matcher
         self.words = words
+        self.eos = eos
         self.consumed = 0
 
     def fill(self, out: np.ndarray) -> None:

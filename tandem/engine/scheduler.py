@@ -175,7 +175,9 @@ class Scheduler:
                 tokens = req.token_ids()
                 chunk = tuple(tokens[req.num_computed : end])
                 k = req.params.prompt_logprobs
-                want = k is not None and req.num_retractions == 0
+                # Until the first output is reported the prompt's entries are still owed (a
+                # retraction before then dropped the partial list; see _retract).
+                want = k is not None and not req.cache_reported
                 chunks.append(
                     PrefillChunk(
                         req.request_id,
@@ -360,6 +362,7 @@ class Scheduler:
             if req.num_retractions == 0:
                 self.stats.queried_tokens += req.num_prompt_tokens
                 self.stats.hit_tokens += hit
+            if not req.cache_reported:  # what the client will be told: this admission's hit
                 req.num_cached_tokens = hit
             if adopt:
                 self.rows.adopt(row, req.request_id)
@@ -452,6 +455,11 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_computed = 0
         req.num_retractions += 1
+        # A resumed sample of n > 1 must not wait for its leader: the leader may be queued
+        # behind it now, and its prompt KV may be gone anyway.
+        req.follows = None
+        if not req.cache_reported:
+            req.prompt_logprobs = None  # recomputed in full by the re-prefill
         self.stats.retractions += 1
         del self.running[req.request_id]
         self.waiting.appendleft(req)
@@ -517,6 +525,7 @@ class Scheduler:
             if rid is not None
             and self.running[rid].grammar is not None
             and not self.running[rid].finished
+            and token not in self.running[rid].stop_ids  # an end, not grammar text
         ]
         accepted = dict(
             zip(
@@ -531,7 +540,7 @@ class Scheduler:
             req = self.running[rid]
             if req.finished:
                 continue  # finished earlier in the chain; this token is past its end
-            if req.grammar is not None and not accepted[row]:
+            if req.grammar is not None and not accepted.get(row, True):
                 # Masks make this impossible; if it happens the request fails alone.
                 error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
                 self._finish(req, "error", emit=False)
@@ -583,6 +592,15 @@ class Scheduler:
             else:
                 matchers.append(None)  # finished in the chain: its token is discarded
         fill_masks(matchers, masks)
+        bits = masks.view(np.uint32)
+        for i, m in enumerate(matchers):
+            if m is None or m.eos is None or not bits[i, m.eos >> 5] >> (m.eos & 31) & 1:
+                continue
+            # Where the grammar may end, so may the request's own stop tokens.
+            req = self.running[plan.row_request_ids[rows[i]]]  # type: ignore[index]
+            for t in req.stop_ids:
+                if t < words * 32:
+                    bits[i, t >> 5] |= np.uint32(1 << (t & 31))
         return masks
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

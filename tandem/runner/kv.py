@@ -118,7 +118,14 @@ class KVPool:
                     v_buf[s0 : s0 + h, :length, :] * 1,
                 )
             )
-        mx.eval(parts)
+        try:
+            mx.eval(parts)
+        except (RuntimeError, MemoryError) as e:
+            if not _is_oom(e):
+                raise
+            held = self.num_rows * self.capacity
+            self.reset()  # the scheduler retracts everything, as after a failed growth
+            raise KVOutOfMemory(held, held, str(e)) from None
         for layer, (keys, values) in enumerate(parts):
             self._write(layer, _Write(keys, values, flat_row0=dst * h, start=0))
 

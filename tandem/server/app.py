@@ -456,6 +456,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         queue: asyncio.Queue[tuple[int, Piece | Exception]] = asyncio.Queue()
         counts = [0] * len(jobs)
         cached_counts = [0] * len(jobs)
+        held_ids: list[list[int]] = [[] for _ in jobs]
 
         async def pump(i: int) -> None:
             try:
@@ -494,7 +495,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                         if reason is not None:
                             fields = _merge(fields, shapers[i].finish())
                             reason = shapers[i].finish_reason(reason)
+                    # Token ids of text a shaper holds back ride on the next chunk sent.
+                    held_ids[i] += item.token_ids
                     if (fields if chat else item.text) or reason or item.logprobs:
+                        ids, held_ids[i] = held_ids[i], []
                         yield _sse(
                             {
                                 **base,
@@ -504,7 +508,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                         i,
                                         item.text if item.text or not chat else None,
                                         reason,
-                                        ids=item.token_ids,
+                                        ids=ids,
                                         lps=item.logprobs,
                                         plps=item.prompt_logprobs,
                                         fields=fields,
@@ -574,9 +578,13 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 param="tools",
             )
         inside = reasoning and starts_inside(tokenizer.decode(ids[-8:], skip_special_tokens=False))
-        if reasoning and req.sampling.get("guided") is not None:
+        guided = req.sampling.get("guided")
+        if reasoning and guided is not None and guided[0] == "grammar" and inside:
+            # A user grammar is the whole output: nothing of it is reasoning.
+            reasoning = inside = False
+        elif reasoning and guided is not None:
             # The model thinks freely first; the constraint holds after </think>.
-            req.sampling["guided"] = after_reasoning(req.sampling["guided"], inside)
+            req.sampling["guided"] = after_reasoning(guided, inside, req.guided_param)
 
         def shaper() -> ChatOutput:
             fmt = tool_format if tools is not None and tools.choice == "auto" else None

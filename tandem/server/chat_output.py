@@ -66,7 +66,10 @@ class ChatOutput:
             self._forced_text.append(content)
             content = ""
             if final:
-                new_calls = self._forced_calls("".join(self._forced_text))
+                text = "".join(self._forced_text)
+                new_calls = self._forced_calls(text)
+                if not new_calls:
+                    content = text  # cut short (max_tokens): the text, not silence
         elif self._streamer is not None:
             events = self._streamer.feed(content) if content else []
             if final:
@@ -75,6 +78,8 @@ class ChatOutput:
             new_calls = [e[1] for e in events if e[0] == "tool_call"]  # type: ignore[misc]
         if content:
             out["content"] = content
+        if self.tools is not None and not self.tools.parallel:
+            new_calls = new_calls[: max(0, 1 - len(self.calls))]  # parallel_tool_calls: false
         if new_calls:
             deltas = []
             for call in new_calls:

@@ -123,6 +123,11 @@ def _extension(body: dict[str, Any], key: str) -> tuple[str, str]:
     return check_grammar(kind, value, key)
 
 
+def guided_source(body: dict[str, Any]) -> str:
+    """The request field a constraint came from (for error messages)."""
+    return next((k for k in GUIDED_FIELDS if body.get(k) is not None), "response_format")
+
+
 def parse_guided(body: dict[str, Any]) -> tuple[str, str] | None:
     """The one grammar ``response_format`` or a ``guided_*`` field asks for (None: free)."""
     sources = [k for k in GUIDED_FIELDS if body.get(k) is not None]
@@ -209,7 +214,9 @@ def tool_grammar(mode: ToolMode) -> tuple[str, str] | None:
 _THINK = 'thought[stop="</think>"]: /(.|\n)*/\nGAP: /[ \n]{0,4}/\n'
 
 
-def after_reasoning(guided: tuple[str, str], inside: bool) -> tuple[str, str]:
+def after_reasoning(
+    guided: tuple[str, str], inside: bool, param: str = "response_format"
+) -> tuple[str, str]:
     """The same constraint, applied after a leading <think>…</think> block (Lark)."""
     kind, spec = guided
     if kind in ("json_schema", "json_object"):
@@ -225,9 +232,15 @@ def after_reasoning(guided: tuple[str, str], inside: bool) -> tuple[str, str]:
     else:
         return guided  # a user grammar is taken as it is
     start = "start: thought GAP body\n" if inside else 'start: ("<think>" thought)? GAP body\n'
-    return check_grammar("grammar", start + _THINK + body, "response_format")
+    return check_grammar("grammar", start + _THINK + body, param)
 
 
 def _lark_regex(pattern: str) -> str:
-    """A regex inside Lark's /.../ (slashes escaped)."""
-    return pattern.replace("/", "\\/")
+    """A regex inside Lark's /.../: slashes not already escaped get a backslash."""
+    out, escaped = [], False
+    for ch in pattern:
+        if ch == "/" and not escaped:
+            out.append("\\")
+        out.append(ch)
+        escaped = ch == "\\" and not escaped
+    return "".join(out)

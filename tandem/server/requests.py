@@ -11,7 +11,14 @@ from typing import Any
 
 from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
 from tandem.server.errors import RequestError
-from tandem.server.guided import GUIDED_FIELDS, ToolMode, parse_guided, parse_tools, tool_grammar
+from tandem.server.guided import (
+    GUIDED_FIELDS,
+    ToolMode,
+    guided_source,
+    parse_guided,
+    parse_tools,
+    tool_grammar,
+)
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -78,6 +85,7 @@ class GenerationRequest:
     include_usage: bool
     sampling: dict[str, Any] = field(default_factory=dict)
     return_token_ids: bool = False  # extension (as in vLLM): token ids in each choice
+    guided_param: str = "response_format"  # the field the output constraint came from
     n: int = 1  # samples per prompt
     echo: bool = False  # completions: the prompt's text (and logprobs) before the output
     best_of: int | None = None  # completions: sample this many, return the n most likely
@@ -237,6 +245,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         "include_usage": include_usage,
         "sampling": sampling,
         "return_token_ids": return_ids,
+        "guided_param": guided_source(body),
     }
 
 
@@ -375,6 +384,7 @@ def parse_chat(body: Any) -> ChatRequest:
         forced = tool_grammar(tools)
         if forced is not None:
             common["sampling"]["guided"] = forced
+            common["guided_param"] = "tool_choice"
     separate = body.get("separate_reasoning")
     if separate is not None and not isinstance(separate, bool):
         raise RequestError("'separate_reasoning' must be a boolean", param="separate_reasoning")

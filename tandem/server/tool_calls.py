@@ -364,23 +364,39 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object"}
 
 
+def _rebase(node: Any, base: str) -> Any:
+    """A copy of a schema whose local references (``#...``) point below ``base``."""
+    if isinstance(node, dict):
+        out = {k: _rebase(v, base) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase(v, base) for v in node]
+    return node
+
+
 def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """Schema for ``tool_choice="required"``: a non-empty array of ``{name, parameters}``."""
+    """Schema for ``tool_choice="required"``: a non-empty array of ``{name, parameters}``.
+    Each tool's parameters live under ``$defs/tool_i`` with their own references rebased
+    there, so schemas with ``$ref`` / ``$defs`` (e.g. from Pydantic) keep resolving."""
     if not tools:
         raise ValueError("tool_choice 'required' needs at least one tool")
+    defs = {f"tool_{i}": _rebase(_parameters(t), f"#/$defs/tool_{i}") for i, t in enumerate(tools)}
     choices = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": tool["function"]["name"]},
-                "parameters": _parameters(tool),
+                "parameters": {"$ref": f"#/$defs/tool_{i}"},
             },
             "required": ["name", "parameters"],
             "additionalProperties": False,
         }
-        for tool in tools
+        for i, tool in enumerate(tools)
     ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": choices}}
+    return {"type": "array", "minItems": 1, "items": {"anyOf": choices}, "$defs": defs}
 
 
 def named_schema(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:

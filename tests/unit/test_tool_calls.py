@@ -469,14 +469,38 @@ def test_required_schema_is_an_array_of_one_choice_per_tool():
         {"const": "get_weather"},
         {"const": "ping"},
     ]
-    assert choices[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
-    assert choices[1]["properties"]["parameters"] == {"type": "object"}
+    assert choices[0]["properties"]["parameters"] == {"$ref": "#/$defs/tool_0"}
+    assert schema["$defs"]["tool_0"] == WEATHER["function"]["parameters"]
+    assert schema["$defs"]["tool_1"] == {"type": "object"}
     for choice in choices:
         assert choice["required"] == ["name", "parameters"]
         assert choice["additionalProperties"] is False
         assert choice["type"] == "object"
     with pytest.raises(ValueError, match="at least one tool"):
         required_schema([])
+
+
+def test_required_schema_keeps_references_resolving():
+    """A Pydantic-style tool ($ref into its own $defs) nested in the required wrapper."""
+    import jsonschema
+
+    ship = {
+        "type": "function",
+        "function": {
+            "name": "ship",
+            "parameters": {
+                "type": "object",
+                "properties": {"addr": {"$ref": "#/$defs/Addr"}},
+                "required": ["addr"],
+                "$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}}},
+            },
+        },
+    }
+    schema = required_schema([WEATHER, ship])
+    assert schema["$defs"]["tool_1"]["properties"]["addr"] == {"$ref": "#/$defs/tool_1/$defs/Addr"}
+    jsonschema.validate([{"name": "ship", "parameters": {"addr": {"city": "Oslo"}}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "ship", "parameters": {"addr": {"city": 5}}}], schema)
 
 
 def test_named_schema_is_that_tools_parameters():
