@@ -47,7 +47,22 @@ class ServerSettings:
     tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
 
 
+# Engine error messages that are not the request's fault (engine/scheduler.py).
+ENGINE_RESOURCE_ERRORS = ("out of device memory",)
+ENGINE_BUG_ERRORS = ("grammar rejected token",)
 SEEDS = INT_MAX + 1  # seed + j of sample j wraps within the 64-bit range
+
+
+def _engine_error(message: str, *, dead: bool) -> RequestError:
+    """A request the engine ended with an error: the client's fault (400) unless the engine
+    died, ran out of device memory (503: retry later) or hit a bug (500)."""
+    if dead:
+        return RequestError(message, status=500, kind="server_error")
+    if message.startswith(ENGINE_RESOURCE_ERRORS):
+        return RequestError(message, status=503, kind="server_error")
+    if message.startswith(ENGINE_BUG_ERRORS):
+        return RequestError(message, status=500, kind="server_error")
+    return RequestError(message)
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -193,9 +208,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         try:
             async for d in gen:
                 if d.finish_reason == "error":
-                    raise RequestError(
-                        d.error or "request failed", status=500 if client.dead else 400
-                    )
+                    raise _engine_error(d.error or "request failed", dead=client.dead is not None)
                 now = time.monotonic()
                 (metrics.ttft if count == 0 else metrics.itl).observe(
                     now - (start if count == 0 else last)
