@@ -10,12 +10,12 @@ Also reports the host time spent computing masks per step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 from tandem import LLM, SamplingParams
+from tandem.bench.sampling_mix import batch_arguments
 
 MIXES = ("none", "half", "all")
 SCHEMA = {
@@ -93,12 +93,7 @@ def measure(llms: dict[str, LLM], prompts: list[list[int]], args) -> dict[str, d
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p = batch_arguments(__doc__)
     p.add_argument("--out", help="write the results JSON here")
     args = p.parse_args()
     prompts = [

@@ -50,14 +50,19 @@ def params_for(mix: str, i: int, tokens: int) -> SamplingParams:
     return greedy if i % 2 == 0 else other
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+def batch_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the one-batch offline benchmarks (this one, guided_mix)."""
+    p = argparse.ArgumentParser(description=doc)
     p.add_argument("--model", required=True)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = batch_arguments(__doc__).parse_args()
     llm = LLM(args.model, prefix_cache=False)
     prompts = [
         [(7 * i + 13 * j) % 500 + 3 for j in range(args.prompt_len)] for i in range(args.batch)

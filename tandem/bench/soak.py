@@ -29,25 +29,12 @@ from typing import Any
 
 import httpx
 
-from tandem.testing.live_server import Server
+from tandem.testing.live_server import Server, process_tree_rss
 
 
 def tree_rss_mb(pid: int) -> dict[str, float]:
     """RSS (MiB) of a process and each of its descendants, by pid."""
-    out: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                out[str(p)] = int(line.split()[1]) / 1024
-        todo.extend(int(k) for k in kids)
-    return out
+    return {str(p): b / 2**20 for p, b in process_tree_rss(pid).items()}
 
 
 @dataclass

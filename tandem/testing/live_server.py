@@ -16,6 +16,25 @@ import httpx
 API_KEY = "test-key"
 
 
+def process_tree_rss(pid: int) -> dict[int, int]:
+    """Resident bytes of ``pid`` and each of its descendants, by pid (from /proc)."""
+    out: dict[int, int] = {}
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        if p in out:
+            continue
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out[p] = int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                stack += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,6 +40,8 @@ from typing import Any
 
 import httpx
 
+from tandem.testing.live_server import process_tree_rss
+
 MIB = 1 << 20
 # Operations with side effects on every other request: not fuzzed.
 SKIPPED = ["/pause", "/resume"]
@@ -49,25 +51,6 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SERVER_ARGS = ("--max-model-len", "256", "--default-max-tokens", "16")
 MAX_EXAMPLES_KEPT = 30  # failing / notable requests kept per kind in the summary
 BODY_CHARS = 600
-
-
-def process_tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (from /proc)."""
-    total, stack, seen = 0, [pid], set()
-    while stack:
-        p = stack.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-            for task in Path(f"/proc/{p}/task").iterdir():
-                stack += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-    return total
 
 
 def check_error_body(body: bytes) -> str | None:
@@ -419,7 +402,7 @@ def fuzz(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     started = time.monotonic()
     warm_up(url, headers)
-    rss_warm = process_tree_rss(server_pid) if server_pid else None
+    rss_warm = sum(process_tree_rss(server_pid).values()) if server_pid else None
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         document = client.get("/openapi.json").raise_for_status().json()
         models = client.get("/v1/models").raise_for_status().json()["data"]
@@ -435,7 +418,7 @@ def fuzz(
             run_fuzzing(run, schema, examples, seed)
     healthy = run.healthy()
     alive = server_pid is None or Path(f"/proc/{server_pid}").exists()
-    rss_after = process_tree_rss(server_pid) if server_pid else None
+    rss_after = sum(process_tree_rss(server_pid).values()) if server_pid else None
     failures, counts = dict(run.failures), dict(run.failure_counts)
     if not healthy:
         failures["unhealthy_after"] = [{"detail": "/health is not 200 after the run"}]
