@@ -13,6 +13,9 @@ class EngineOutput:
     new_token_ids: tuple[int, ...]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
+    # Whose fault an error is: "request" (the client's: 400), "resource" (out of device
+    # memory: 503) or "internal" (an engine bug: 500).
+    error_kind: str = "request"
     # On a request's first output: prompt tokens whose KV came from the prefix cache.
     cached_tokens: int | None = None
     # One (token log-probability, top-k pairs) per new token, when the request asked.

@@ -1,9 +1,10 @@
 """Messages between the HTTP process and the engine-core process: plain msgpack lists.
 
-HTTP → core:  ["add", rid, prompt_ids, params]   params = SamplingParams fields as a dict
+HTTP → core:  ["add", rid, prompt_ids, params, follows]   params = SamplingParams fields as a dict
               ["abort", rid] | ["pause"] | ["resume"] | ["shutdown"]
-core → HTTP:  ["ready", info] | ["outputs", [[rid, new_ids, finish_reason, error], ...], stats]
-              ["fatal", message]
+core → HTTP:  ["ready", info] | ["outputs", [output, ...], stats] | ["fatal", message]
+              output = [rid, new_ids, finish_reason, error, cached_tokens, logprobs,
+                        prompt_logprobs, error_kind]
 """
 
 from __future__ import annotations

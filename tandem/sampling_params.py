@@ -125,6 +125,13 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
 
+def check_vocab(params: SamplingParams, vocab_size: int) -> None:
+    """ValueError if a token id the parameters name is past the model's vocabulary."""
+    bad = [t for t, _ in params.logit_bias if t >= vocab_size]
+    if bad:
+        raise ValueError(f"logit_bias token id {bad[0]} is out of range [0, {vocab_size})")
+
+
 def stop_token_set(
     params: SamplingParams, eos_token_ids: frozenset[int] | set[int]
 ) -> frozenset[int]:

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from tandem import LLM, SamplingParams
-from tandem.bench.sampling_mix import batch_arguments
+from tandem.bench.sampling_mix import batch_arguments, batch_prompts
 
 MIXES = ("none", "half", "all")
 SCHEMA = {
@@ -96,9 +96,7 @@ def main() -> None:
     p = batch_arguments(__doc__)
     p.add_argument("--out", help="write the results JSON here")
     args = p.parse_args()
-    prompts = [
-        [(7 * i + 13 * j) % 500 + 3 for j in range(args.prompt_len)] for i in range(args.batch)
-    ]
+    prompts = batch_prompts(args)
     llms = {
         "overlap": LLM(args.model, prefix_cache=False, overlap=True),
         "no-overlap": LLM(args.model, prefix_cache=False, overlap=False),

@@ -61,12 +61,15 @@ def batch_arguments(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def batch_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """``--batch`` distinct prompts of ``--prompt-len`` token ids (no shared prefixes)."""
+    return [[(7 * i + 13 * j) % 500 + 3 for j in range(args.prompt_len)] for i in range(args.batch)]
+
+
 def main() -> None:
     args = batch_arguments(__doc__).parse_args()
     llm = LLM(args.model, prefix_cache=False)
-    prompts = [
-        [(7 * i + 13 * j) % 500 + 3 for j in range(args.prompt_len)] for i in range(args.batch)
-    ]
+    prompts = batch_prompts(args)
     results = {}
     for mix in MIXES:
         params = [params_for(mix, i, args.tokens) for i in range(args.batch)]

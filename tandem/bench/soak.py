@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from tandem.testing.live_server import Server, process_tree_rss
+from tandem.bench.compare import _git
+from tandem.testing.live_server import Server, parse_metric, process_tree_rss
 
 
 def tree_rss_mb(pid: int) -> dict[str, float]:
@@ -122,13 +122,6 @@ async def _worker(
             tally.error(f"{type(e).__name__} ({kind} {path}): {e}"[:200])
 
 
-def _metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
 async def _sampler(
     client: httpx.AsyncClient, server: Server, t0: float, deadline: float, tally: Tally, args
 ) -> list[dict[str, Any]]:
@@ -153,7 +146,7 @@ async def _sampler(
                 ("waiting", "tandem_num_requests_waiting"),
                 ("retractions", "tandem_num_retractions"),
             ):
-                s[key] = _metric(text, name)
+                s[key] = parse_metric(text, name)
         except httpx.HTTPError as e:
             s["metrics_error"] = type(e).__name__
         samples.append(s)
@@ -177,7 +170,9 @@ def slope_mb_per_min(samples: list[dict[str, Any]]) -> float:
 
 
 async def soak(args) -> dict[str, Any]:
-    commit = _commit()  # what the server runs (the tree may move on during a long soak)
+    commit = (
+        _git("rev-parse", "--short", "HEAD") or "unknown"
+    )  # what the server runs (the tree may move on during a long soak)
     server = Server(Path(args.model), *args.serve_args, api_key=None, debug_invariants=False)
     tally = Tally()
     try:
@@ -218,15 +213,6 @@ async def soak(args) -> dict[str, Any]:
         "server_exit_code": rc,
         "samples": samples,
     }
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _write(result: dict[str, Any], out: Path) -> None:

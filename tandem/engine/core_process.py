@@ -71,7 +71,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                 try:
                     engine.add_request(prompt, params_from_dict(params), rid, follows=follows)
                 except ValueError as e:
-                    outputs.append([rid, [], "error", str(e), None, None, None])
+                    outputs.append([rid, [], "error", str(e), None, None, None, "request"])
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "pause":
@@ -111,6 +111,7 @@ def _encode(outs) -> list[list[Any]]:
             o.cached_tokens,
             o.logprobs,
             o.prompt_logprobs,
+            o.error_kind,
         ]
         for o in outs
     ]

@@ -12,7 +12,7 @@ from tandem.engine.loop import OverlapLoop, Runner
 from tandem.engine.request import Request
 from tandem.engine.scheduler import Scheduler, SchedulerConfig
 from tandem.outputs import EngineOutput
-from tandem.sampling_params import SamplingParams, stop_token_set
+from tandem.sampling_params import SamplingParams, check_vocab, stop_token_set
 
 log = logging.getLogger("tandem")
 
@@ -72,11 +72,7 @@ class Engine:
             if self.vocab_size is not None and t >= self.vocab_size:
                 raise ValueError(f"prompt token id {t} is out of range [0, {self.vocab_size})")
         if self.vocab_size is not None:
-            bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"logit_bias token id {bad[0]} is out of range [0, {self.vocab_size})"
-                )
+            check_vocab(params, self.vocab_size)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stop = stop_token_set(params, self.eos_token_ids)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(32)

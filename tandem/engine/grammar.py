@@ -74,7 +74,6 @@ class GrammarCompiler:
         own = getattr(hf_tokenizer, "eos_token_id", None)
         eos = own if own in eos_token_ids else min(eos_token_ids, default=None)
         self.eos = eos
-        self.vocab_size = vocab_size
         self.words = words_for(vocab_size)
         self._tok = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=eos)
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -87,9 +86,6 @@ class GrammarCompiler:
         template = self._cache.get(key)
         if template is None:
             grammar = grammar_text(kind, spec)
-            err = llguidance.LLMatcher.validate_grammar(grammar, self._tok)
-            if err:
-                raise ValueError(f"invalid {kind}: {err.strip()}")
             template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
             if template.is_error():
                 raise ValueError(f"invalid {kind}: {template.get_error().strip()}")

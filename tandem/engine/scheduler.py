@@ -87,8 +87,7 @@ class Scheduler:
                 f"prompt ({n} tokens) + max_tokens ({request.params.max_tokens}) = "
                 f"{request.max_len} exceeds the context length {cfg.max_model_len}"
             )
-        alone = self._memory(1, round_up(request.max_len, cfg.capacity_chunk))
-        if alone > cfg.kv_budget_tokens:
+        if not self._fits_alone(request):
             raise ValueError(
                 f"request needs {request.max_len} KV tokens, which cannot fit the KV budget "
                 f"({cfg.kv_budget_tokens} tokens) even alone"
@@ -486,12 +485,10 @@ class Scheduler:
         self.stats.kv_oom_recoveries += 1
         # Requests the smaller budget can never hold fail now instead of waiting forever.
         for req in list(self.waiting):
-            alone = self._memory(1, round_up(req.max_len, cfg.capacity_chunk))
-            if alone > cfg.kv_budget_tokens:
+            if not self._fits_alone(req):
                 self.waiting.remove(req)
                 self._waiting_ids.discard(req.request_id)
-                req.status = RequestStatus.FINISHED
-                req.finish_reason = "error"
+                self._finish(req, "error", emit=False)
                 self._pending.append(
                     EngineOutput(
                         req.request_id,
@@ -499,8 +496,14 @@ class Scheduler:
                         "error",
                         error=f"out of device memory: the KV budget is now "
                         f"{cfg.kv_budget_tokens} tokens, this request needs {req.max_len}",
+                        error_kind="resource",
                     )
                 )
+
+    def _fits_alone(self, req: Request) -> bool:
+        """Whether the KV budget could hold this request with nothing else running."""
+        cfg = self.config
+        return self._memory(1, round_up(req.max_len, cfg.capacity_chunk)) <= cfg.kv_budget_tokens
 
     def _unlock(self, req: Request) -> None:
         if req.lock_node is not None:
@@ -516,24 +519,18 @@ class Scheduler:
         for rid, entries in (result.prompt_logprobs or {}).items():
             req = self.running[rid]
             req.prompt_logprobs = (req.prompt_logprobs or []) + entries
-        # Grammar rows consume their tokens first, together (llguidance's threads for many).
-        guided = [
-            (row, self.running[rid], token)
-            for row, (rid, token) in enumerate(
-                zip(plan.row_request_ids, result.tokens, strict=True)
-            )
-            if rid is not None
-            and self.running[rid].grammar is not None
-            and not self.running[rid].finished
-            and token not in self.running[rid].stop_ids  # an end, not grammar text
-        ]
-        accepted = dict(
-            zip(
-                (row for row, _, _ in guided),
-                accept_all([(req.grammar, token) for _, req, token in guided]),
-                strict=True,
-            )
-        )
+        # Grammar rows consume their tokens first, together (llguidance's threads for many);
+        # a stop token is an end, not grammar text.
+        accepted: dict[int, bool] = {}
+        if plan.sampling.constrained:
+            guided = []
+            for row in plan.sampling.constrained:
+                req = self.running[plan.row_request_ids[row]]  # type: ignore[index]
+                token = result.tokens[row]
+                if not req.finished and token not in req.stop_ids:
+                    guided.append((row, req.grammar, token))
+            verdicts = accept_all([(g, t) for _, g, t in guided])
+            accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
         for row, (rid, token) in enumerate(zip(plan.row_request_ids, result.tokens, strict=True)):
             if rid is None:
                 continue
@@ -544,7 +541,7 @@ class Scheduler:
                 # Masks make this impossible; if it happens the request fails alone.
                 error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
                 self._finish(req, "error", emit=False)
-                outputs.append(EngineOutput(rid, (), "error", error=error))
+                outputs.append(EngineOutput(rid, (), "error", error=error, error_kind="internal"))
                 continue
             req.output_token_ids.append(token)
             reason = self._stop_reason(req, token)

@@ -34,6 +34,7 @@ class Delta:
     # Per new token: [log-probability, [[token, log-probability], ...]] when asked for.
     logprobs: list[Any] | None = None
     prompt_logprobs: list[Any] | None = None  # on the first delta, when asked for
+    error_kind: str = "request"  # outputs.EngineOutput.error_kind
 
 
 @dataclass
@@ -147,10 +148,11 @@ class EngineClient:
                 return
             _, outputs, stats = msg
             self.stats = stats
-            for rid, new_ids, reason, error, cached, lps, plps in outputs:
+            for rid, new_ids, reason, error, cached, lps, plps, kind in outputs:
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    stream.queue.put_nowait(Delta(new_ids, reason, error, cached, lps, plps))
+                    delta = Delta(new_ids, reason, error, cached, lps, plps, kind)
+                    stream.queue.put_nowait(delta)
 
     async def _watch_process(self) -> None:
         assert self._proc is not None

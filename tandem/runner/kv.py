@@ -20,6 +20,8 @@ The cache objects speak mlx-lm's cache protocol (``offset``, ``update_and_fetch`
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -59,7 +61,7 @@ def _is_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError):
         return True
     text = str(e).lower()
-    return any(w in text for w in ("out of memory", "unable to allocate", "malloc", "alloc"))
+    return "out of memory" in text or "alloc" in text  # malloc, unable to allocate, ...
 
 
 class KVPool:
@@ -118,14 +120,8 @@ class KVPool:
                     v_buf[s0 : s0 + h, :length, :] * 1,
                 )
             )
-        try:
+        with self._oom_resets(wanted=self.num_rows * self.capacity):
             mx.eval(parts)
-        except (RuntimeError, MemoryError) as e:
-            if not _is_oom(e):
-                raise
-            held = self.num_rows * self.capacity
-            self.reset()  # the scheduler retracts everything, as after a failed growth
-            raise KVOutOfMemory(held, held, str(e)) from None
         for layer, (keys, values) in enumerate(parts):
             self._write(layer, _Write(keys, values, flat_row0=dst * h, start=0))
 
@@ -143,13 +139,20 @@ class KVPool:
         cap = max(self.capacity, capacity)
         if cap == self.capacity:
             rows = max(rows, self.num_rows)
-        try:
+        with self._oom_resets(wanted=rows * cap):
             self._grow(rows, cap)
+
+    @contextlib.contextmanager
+    def _oom_resets(self, wanted: int) -> Iterator[None]:
+        """An allocation failure inside empties the pool (it may be half grown; the
+        scheduler then retracts everything) and becomes KVOutOfMemory."""
+        try:
+            yield
         except (RuntimeError, MemoryError) as e:
             if not _is_oom(e):
                 raise
-            held, wanted = self.num_rows * self.capacity, rows * cap
-            self.reset()  # partly grown: drop it all (the scheduler retracts everything)
+            held = self.num_rows * self.capacity
+            self.reset()
             raise KVOutOfMemory(held, wanted, str(e)) from None
 
     def reset(self) -> None:

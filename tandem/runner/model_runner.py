@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from tandem.engine.grammar import words_for
 from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
 from tandem.runner.kv import ROW_STEP, KVPool, KVShape
 from tandem.runner.sampler import (
@@ -140,7 +141,7 @@ class ModelRunner:
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
         self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer, row_step=row_step)
-        self.words = (self.vocab_size + 31) // 32
+        self.words = words_for(self.vocab_size)
 
     def launch(
         self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None
@@ -173,8 +174,9 @@ class ModelRunner:
                 handle.pending = (logits, sampling, positions)
                 mx.async_eval(logits, *self.kv.arrays())
                 return handle
-            self._sample(handle, logits, sampling, positions, masks)
-            mx.async_eval(*self.kv.arrays())
+            mx.async_eval(
+                *self._sample(handle, logits, sampling, positions, masks), *self.kv.arrays()
+            )
         return handle
 
     def complete(self, handle: Handle, masks: np.ndarray) -> None:
@@ -183,7 +185,7 @@ class ModelRunner:
         logits, sampling, positions = handle.pending
         handle.pending = None
         with mx.stream(self.stream):
-            self._sample(handle, logits, sampling, positions, masks)
+            mx.async_eval(*self._sample(handle, logits, sampling, positions, masks))
 
     def _sample(
         self,
@@ -192,15 +194,16 @@ class ModelRunner:
         sampling: SamplingArrays,
         positions: mx.array | None,
         masks: np.ndarray | None,
-    ) -> None:
+    ) -> list[mx.array]:
+        """Attach the sampling graph to ``handle``; returns the arrays to evaluate."""
         grammar = None
         if masks is not None:
             rows = mx.array(handle.plan.sampling.constrained, dtype=mx.int32)
             grammar = (rows, mx.array(masks))
         tokens = sample(logits, sampling, positions, grammar)
         lps = token_logprobs(logits, sampling, tokens)
-        mx.async_eval(tokens, *(lps or ()))
         handle.tokens, handle.sampling, handle.logprobs = tokens, advance(sampling, tokens), lps
+        return [tokens, *(lps or ())]
 
     def _prefill(
         self, chunks: tuple[PrefillChunk, ...]

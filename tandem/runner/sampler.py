@@ -220,15 +220,14 @@ def uniform_noise(
 def apply_grammar(logits: mx.array, rows: mx.array, masks: mx.array) -> mx.array:
     """-inf outside each constrained row's allowed tokens. ``masks`` (C, W) int32 bitmasks
     (bit b of word w allows token 32 w + b) for the logits rows ``rows`` (C,)."""
-    n, vocab = logits.shape
+    vocab = logits.shape[-1]
     shifts = mx.arange(32, dtype=mx.uint32)
     bits = (masks.astype(mx.uint32)[:, :, None] >> shifts) & 1
     allowed = bits.reshape(masks.shape[0], -1)[:, :vocab] > 0
     # Select, never add: a disallowed logit that an edit made +inf must still end up -inf.
-    kept = mx.where(allowed, logits[rows], -mx.inf)
-    placed = mx.zeros_like(logits).at[rows].add(kept)
-    is_constrained = mx.zeros((n, 1), dtype=mx.int32).at[rows].add(1) > 0
-    return mx.where(is_constrained, placed, logits)
+    out = mx.array(logits)  # a new array: the caller's logits stay as they are
+    out[rows] = mx.where(allowed, logits[rows], -mx.inf)
+    return out
 
 
 def sample(

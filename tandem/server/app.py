@@ -16,15 +16,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tandem.frontend.engine_client import EngineClient, EngineDeadError
+from tandem.frontend.engine_client import Delta, EngineClient, EngineDeadError
 from tandem.frontend.stop import StopStringMatcher
 from tandem.frontend.tokenizer import IncrementalDetokenizer, Tokenizer
-from tandem.sampling_params import INT_MAX, SamplingParams, stop_token_set
+from tandem.sampling_params import INT_MAX, SamplingParams, check_vocab, stop_token_set
 from tandem.server.chat_output import ChatOutput
 from tandem.server.guided import after_reasoning
 from tandem.server.metrics import Metrics
-from tandem.server.openapi import install_openapi
-from tandem.server.reasoning import starts_inside
+from tandem.server.openapi import MAX_BODY_BYTES, install_openapi
+from tandem.server.reasoning import THINK_END, starts_inside
 from tandem.server.requests import (
     ChatRequest,
     CompletionRequest,
@@ -40,28 +40,24 @@ from tandem.server.tool_calls import detect_format
 class ServerSettings:
     served_model_name: str
     api_key: str | None = None
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = MAX_BODY_BYTES
     max_pending: int = 1024  # requests in the engine (running + queued) before 503
     default_max_tokens: int = 2048  # chat completions without max_tokens
     reasoning: str = "auto"  # split <think> blocks: auto (template uses them) | on | off
     tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
 
 
-# Engine error messages that are not the request's fault (engine/scheduler.py).
-ENGINE_RESOURCE_ERRORS = ("out of device memory",)
-ENGINE_BUG_ERRORS = ("grammar rejected token",)
 SEEDS = INT_MAX + 1  # seed + j of sample j wraps within the 64-bit range
 
 
-def _engine_error(message: str, *, dead: bool) -> RequestError:
+def _engine_error(d: Delta, *, dead: bool) -> RequestError:
     """A request the engine ended with an error: the client's fault (400) unless the engine
-    died, ran out of device memory (503: retry later) or hit a bug (500)."""
-    if dead:
+    died or hit a bug (500) or ran out of device memory (503: retry later)."""
+    message = d.error or "request failed"
+    if dead or d.error_kind == "internal":
         return RequestError(message, status=500, kind="server_error")
-    if message.startswith(ENGINE_RESOURCE_ERRORS):
+    if d.error_kind == "resource":
         return RequestError(message, status=503, kind="server_error")
-    if message.startswith(ENGINE_BUG_ERRORS):
-        return RequestError(message, status=500, kind="server_error")
     return RequestError(message)
 
 
@@ -104,7 +100,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         else settings.tool_call_format
     )
     thinks = settings.reasoning == "on" or (
-        settings.reasoning == "auto" and template is not None and "</think>" in template
+        settings.reasoning == "auto" and template is not None and THINK_END in template
     )
 
     app.add_middleware(_Guard, settings=settings)
@@ -208,7 +204,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         try:
             async for d in gen:
                 if d.finish_reason == "error":
-                    raise _engine_error(d.error or "request failed", dead=client.dead is not None)
+                    raise _engine_error(d, dead=client.dead is not None)
                 now = time.monotonic()
                 (metrics.ttft if count == 0 else metrics.itl).observe(
                     now - (start if count == 0 else last)
@@ -258,11 +254,11 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     ) -> Response:
         plist = [params_for(req, len(p), default_max) for p in prompts]
         vocab = int(client.info.get("vocab_size") or 0)
-        bad = [t for t, _ in plist[0].logit_bias if vocab and t >= vocab] if plist else []
-        if bad:
-            raise RequestError(
-                f"logit_bias token id {bad[0]} is out of range [0, {vocab})", param="logit_bias"
-            )
+        try:  # before anything streams: the engine would only fail it later
+            if vocab and plist:
+                check_vocab(plist[0], vocab)
+        except ValueError as e:
+            raise RequestError(str(e), param="logit_bias") from None
         # n samples per prompt: choice p * n + j. Samples after the first follow it (they
         # reuse its prefill through the prefix cache) and draw with seed + j.
         # best_of (completions): sample m >= n per prompt, return the n with the highest total

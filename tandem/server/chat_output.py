@@ -54,7 +54,7 @@ class ChatOutput:
         if reasoning or self.reasoning:
             msg["reasoning_content"] = reasoning if reasoning else None
         if self.calls:
-            msg["tool_calls"] = [tc.to_openai(c, i, cid) for i, (c, cid) in enumerate(self.calls)]
+            msg["tool_calls"] = [tc.to_openai(c, cid) for c, cid in self.calls]
         return msg
 
     def _shape(self, reasoning: str, content: str, *, final: bool) -> dict[str, Any]:

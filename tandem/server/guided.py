@@ -86,41 +86,33 @@ def _response_format(rf: Any) -> tuple[str, str] | None:
                 "(and optionally name, description, strict)",
                 param="response_format.json_schema",
             )
-        schema = js.get("schema", {})
-        return check_grammar("json_schema", json.dumps(schema), "response_format.json_schema")
-    value = rf.get(kind)
-    if kind == "choice":
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise RequestError(
-                "'response_format.choice' must be a non-empty list of strings",
-                param="response_format.choice",
-            )
-        return check_grammar("choice", json.dumps(value), "response_format.choice")
-    if not isinstance(value, str) or not value:
-        raise RequestError(
-            f"'response_format.{kind}' must be a non-empty string", param=f"response_format.{kind}"
-        )
-    return check_grammar(kind, value, f"response_format.{kind}")
+        return _constraint("json_schema", js.get("schema", {}), "response_format.json_schema")
+    return _constraint(kind, rf.get(kind), f"response_format.{kind}")
 
 
 def _extension(body: dict[str, Any], key: str) -> tuple[str, str]:
     kind, value = GUIDED_FIELDS[key], body[key]
+    if kind == "json_schema" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"'{key}' is not valid JSON: {e}", param=key) from None
+    return _constraint(kind, value, key)
+
+
+def _constraint(kind: str, value: Any, param: str) -> tuple[str, str]:
+    """One constraint's value, type-checked and validated as a grammar."""
     if kind == "json_schema":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise RequestError(f"'{key}' is not valid JSON: {e}", param=key) from None
         if not isinstance(value, dict | bool):
-            raise RequestError(f"'{key}' must be a JSON schema object", param=key)
-        return check_grammar(kind, json.dumps(value), key)
+            raise RequestError(f"'{param}' must be a JSON schema object", param=param)
+        return check_grammar(kind, json.dumps(value), param)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise RequestError(f"'{key}' must be a non-empty list of strings", param=key)
-        return check_grammar(kind, json.dumps(value), key)
+            raise RequestError(f"'{param}' must be a non-empty list of strings", param=param)
+        return check_grammar(kind, json.dumps(value), param)
     if not isinstance(value, str) or not value:
-        raise RequestError(f"'{key}' must be a non-empty string", param=key)
-    return check_grammar(kind, value, key)
+        raise RequestError(f"'{param}' must be a non-empty string", param=param)
+    return check_grammar(kind, value, param)
 
 
 def guided_source(body: dict[str, Any]) -> str:

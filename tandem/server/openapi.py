@@ -23,7 +23,7 @@ from tandem.server.tool_calls import MAX_TOOLS
 
 Schema = dict[str, Any]
 
-MAX_BODY_BYTES = 4 << 20  # ServerSettings.max_body_bytes (no flag changes it)
+MAX_BODY_BYTES = 4 << 20  # ServerSettings.max_body_bytes' default (no flag changes it)
 REF = "#/components/schemas/"
 INTEGERS = (
     "Integer fields take JSON integers written without a fraction (2, not 2.0); null in an "

@@ -143,13 +143,18 @@ def _number(body: dict[str, Any], key: str, *, integer: bool = False) -> Any:
     return v
 
 
+def _max_tokens(body: dict[str, Any], key: str) -> int | None:
+    value = _number(body, key, integer=True)
+    if value is not None and value < 1:
+        raise RequestError(f"'{key}' must be at least 1", param=key)
+    return value
+
+
 def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[str, Any]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")
-    max_tokens = _number(body, max_tokens_key, integer=True)
-    if max_tokens is not None and max_tokens < 1:
-        raise RequestError(f"'{max_tokens_key}' must be at least 1", param=max_tokens_key)
+    max_tokens = _max_tokens(body, max_tokens_key)
     stop = body.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -374,8 +379,8 @@ def parse_chat(body: Any) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-    if key == "max_completion_tokens" and body.get("max_tokens") is not None:
-        _common({"max_tokens": body["max_tokens"]})  # validated, superseded
+    if key == "max_completion_tokens":
+        _max_tokens(body, "max_tokens")  # validated, superseded
     common = _common(body, key)
     tools = parse_tools(body, common["sampling"].get("guided"))
     if tools is not None:

@@ -39,9 +39,8 @@ def make_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def to_openai(call: ToolCall, index: int, call_id: str) -> dict[str, Any]:
-    """A ``message.tool_calls`` entry. ``index`` (the call's position) is not part of this
-    shape; it is taken so that both helpers are called alike."""
+def to_openai(call: ToolCall, call_id: str) -> dict[str, Any]:
+    """A ``message.tool_calls`` entry."""
     return {
         "id": call_id,
         "type": "function",
@@ -51,7 +50,7 @@ def to_openai(call: ToolCall, index: int, call_id: str) -> dict[str, Any]:
 
 def to_openai_delta(call: ToolCall, index: int, call_id: str) -> dict[str, Any]:
     """A ``delta.tool_calls`` entry carrying the whole call at once."""
-    return {"index": index, **to_openai(call, index, call_id)}
+    return {"index": index, **to_openai(call, call_id)}
 
 
 # --- calls from decoded JSON -------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
 
 VOCAB = 1000
@@ -52,7 +53,7 @@ class FakeRunner:
     capacity: int = 0
     copied_tokens: int = 0
     _unfinalized: list[FakeHandle] = field(default_factory=list)
-    words: int = (VOCAB + 31) // 32
+    words: int = words_for(VOCAB)
     completed_late: int = 0  # chained steps whose sampling waited for grammar masks
 
     def launch(

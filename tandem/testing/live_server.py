@@ -35,6 +35,14 @@ def process_tree_rss(pid: int) -> dict[int, int]:
     return out
 
 
+def parse_metric(text: str, name: str) -> float | None:
+    """One unlabelled value of a Prometheus text exposition (None if absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,10 +108,10 @@ class Server:
 
     def metric(self, name: str) -> float:
         """One unlabelled value from /metrics."""
-        for line in self.get("/metrics").text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise KeyError(name)
+        value = parse_metric(self.get("/metrics").text, name)
+        if value is None:
+            raise KeyError(name)
+        return value
 
     def post(self, path: str, **kw) -> httpx.Response:
         kw.setdefault("headers", self.headers())

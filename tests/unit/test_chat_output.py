@@ -65,10 +65,13 @@ def test_regex_slashes_escaped_once_inside_lark(pattern, lark):
 
 
 def test_engine_errors_map_to_the_right_status():
+    from tandem.frontend.engine_client import Delta
     from tandem.server.app import _engine_error
 
-    assert _engine_error("logit_bias token id 9 is out of range", dead=False).status == 400
-    oom = _engine_error("out of device memory: the KV budget is now 10 tokens", dead=False)
-    assert (oom.status, oom.kind) == (503, "server_error")
-    assert _engine_error("grammar rejected token 5: x", dead=False).status == 500
-    assert _engine_error("anything", dead=True).status == 500
+    def status(kind: str, dead: bool = False) -> int:
+        return _engine_error(Delta([], "error", "x", error_kind=kind), dead=dead).status
+
+    assert status("request") == 400
+    assert status("resource") == 503
+    assert status("internal") == 500
+    assert status("request", dead=True) == 500

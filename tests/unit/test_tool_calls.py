@@ -379,7 +379,7 @@ def test_finish_is_final():
 def test_openai_shapes():
     call = ToolCall("f", '{"a": 1}')
     function = {"name": "f", "arguments": '{"a": 1}'}
-    assert to_openai(call, 0, "call_x") == {
+    assert to_openai(call, "call_x") == {
         "id": "call_x",
         "type": "function",
         "function": function,
