@@ -113,6 +113,13 @@ class Server:
             raise KeyError(name)
         return value
 
+    def wait_idle(self, timeout: float) -> None:
+        """Poll /metrics until no request is running (or ``timeout`` passes); callers assert
+        what they expect afterwards."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and self.metric("tandem_num_requests_running") > 0:
+            time.sleep(0.1)
+
     def post(self, path: str, **kw) -> httpx.Response:
         kw.setdefault("headers", self.headers())
         return httpx.post(self.url + path, timeout=60, **kw)

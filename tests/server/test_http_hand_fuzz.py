@@ -173,9 +173,7 @@ def test_disconnect_while_queued_leaves_no_trace(tiny_model_dir):
         t.join(60)
 
         metric = s.metric
-        deadline = time.time() + 10
-        while time.time() < deadline and metric("tandem_num_requests_running") > 0:
-            time.sleep(0.1)
+        s.wait_idle(10)
         assert metric("tandem_num_requests_running") == 0
         assert metric("tandem_num_requests_waiting") == 0
         # Only the long request generated tokens: the queued one never ran.
@@ -191,7 +189,6 @@ def test_disconnect_during_a_long_prefill_leaves_no_trace(tiny_model_dir, stream
     """A 2,000-token prompt prefilled 2 tokens a step (about a thousand steps); the client
     leaves before its first token. The request stops mid-prefill (no token is ever generated),
     its row and locks are freed, and the server answers exactly afterwards."""
-    import time
 
     import httpx
 
@@ -207,9 +204,7 @@ def test_disconnect_during_a_long_prefill_leaves_no_trace(tiny_model_dir, stream
             for _ in r.iter_lines():
                 pass
         metric = s.metric
-        deadline = time.time() + 20
-        while time.time() < deadline and metric("tandem_num_requests_running") > 0:
-            time.sleep(0.1)
+        s.wait_idle(20)
         assert metric("tandem_num_requests_running") == 0
         assert metric("tandem_num_requests_waiting") == 0
         assert metric("tandem_kv_cache_usage_ratio") == 0

@@ -431,9 +431,7 @@ def test_disconnect_aborts_and_frees_kv(server):
         for i, _ in enumerate(r.iter_lines()):
             if i > 4:
                 break
-    deadline = time.time() + 10
-    while time.time() < deadline and metric(server, "tandem_num_requests_running") > 0:
-        time.sleep(0.1)
+    server.wait_idle(10)
     assert metric(server, "tandem_num_requests_running") == 0
     assert metric(server, "tandem_kv_cache_usage_ratio") == 0
 
@@ -446,9 +444,7 @@ def test_non_streaming_disconnect_aborts_too(server):
             timeout=1.0,
             json={"prompt": "a", "max_tokens": 3000, "ignore_eos": True},
         )
-    deadline = time.time() + 10
-    while time.time() < deadline and metric(server, "tandem_num_requests_running") > 0:
-        time.sleep(0.1)
+    server.wait_idle(10)
     assert metric(server, "tandem_num_requests_running") == 0, "".join(server.log[-60:])
 
 
