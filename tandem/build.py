@@ -26,8 +26,7 @@ class BuiltEngine:
 
 
 def build_engine(config: EngineConfig) -> BuiltEngine:
-    from tandem.runner.kv import ROW_STEP
-    from tandem.runner.loader import available_memory_bytes, load_model, prepare_for_device
+    from tandem.runner.loader import kv_memory_bytes, load_model, prepare_for_device
     from tandem.runner.model_runner import ModelRunner
 
     path = resolve_model(config.model)
@@ -40,28 +39,30 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         model_type,
         prepare_for_device(model, config.dtype),
     )
-    rows = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs, prefix_cache=config.prefix_cache
-    ).total_rows
     runner = ModelRunner(
         model,
-        max_rows=rows,
         model_type=model_type,
         overlap=config.overlap,
         double_buffer=config.kv_double_buffer,
-        row_step=ROW_STEP,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    per_token = runner.kv.bytes_per_token
-    budget = config.kv_budget_tokens or int(
-        available_memory_bytes() * config.kv_memory_fraction // per_token
-    )
-    budget = min(budget, rows * max_model_len)
+    per_token = runner.bytes_per_token
+    if config.kv_budget_tokens:
+        budget = config.kv_budget_tokens
+    else:
+        budget = int(kv_memory_bytes(config.kv_memory_fraction) // per_token)
+        # More than every sequence at full length (twice, with the prefix cache) is unused.
+        seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
+        budget = min(budget, seqs * max_model_len)
+    page = config.kv_page_size
+    num_pages = max(1, budget // page)
+    runner.allocate_kv(num_pages, page)
     log.info(
-        "KV budget %d tokens (%.1f MiB, %d B/token); max_model_len %d",
-        budget,
-        budget * per_token / 2**20,
+        "KV pool %d pages of %d tokens (%.1f MiB, %d B/token); max_model_len %d",
+        num_pages,
+        page,
+        num_pages * page * per_token / 2**20,
         per_token,
         max_model_len,
     )
@@ -70,8 +71,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         max_model_len=max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
         prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
-        kv_budget_tokens=budget,
-        row_chunk=ROW_STEP,
+        kv_budget_tokens=num_pages * page,
+        page_size=page,
         prefix_cache=config.prefix_cache,
     )
     engine = Engine(

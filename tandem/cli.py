@@ -54,6 +54,8 @@ def _engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefill_chunk_while_decoding=args.prefill_chunk_while_decoding,
         kv_memory_fraction=args.kv_memory_fraction,
+        kv_budget_tokens=args.kv_budget_tokens,
+        kv_page_size=args.kv_page_size,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
     )
@@ -101,7 +103,14 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         help="prefill tokens per step while requests are decoding (0: no extra limit; "
         "512 measured worse on the H200, docs/benchmarks.md)",
     )
-    p.add_argument("--kv-memory-fraction", type=float, default=0.5)
+    p.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        help="share of the memory left after the weights for the KV pool, sized once at "
+        "start (default 0.5; on the CPU backend at most 4 GiB unless given)",
+    )
+    p.add_argument("--kv-budget-tokens", type=int, help="KV pool size in tokens (overrides)")
+    p.add_argument("--kv-page-size", type=int, default=16, help="positions per KV page")
     p.add_argument(
         "--no-prefix-cache",
         action="store_true",

@@ -14,8 +14,11 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's own context length
     max_num_batched_tokens: int = 2048
     prefill_chunk_while_decoding: int = 0  # 0: always the whole max_num_batched_tokens
-    kv_memory_fraction: float = 0.5  # of the memory available after loading the weights
+    # The KV pool, sized once at start: this share of the memory available after loading the
+    # weights (None: 0.5, and on the CPU backend at most CPU_KV_BYTES), or kv_budget_tokens.
+    kv_memory_fraction: float | None = None
     kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
+    kv_page_size: int = 16  # positions per KV page (docs/design.md: why 16)
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
     # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
@@ -31,5 +34,9 @@ class EngineConfig:
             raise ValueError("prefill_chunk_while_decoding must be >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
-        if not 0 < self.kv_memory_fraction <= 1:
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
+        if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):
+            raise ValueError("kv_page_size must be a power of two")
+        if self.kv_budget_tokens is not None and self.kv_budget_tokens < self.kv_page_size:
+            raise ValueError("kv_budget_tokens must hold at least one page")

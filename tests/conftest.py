@@ -5,6 +5,19 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def small_kv_pools():
+    """The tiny models' default pool would be ~2 GiB each (256 sequences x 4096 positions);
+    tests use 256 MiB in-process and 64k-token pools in served engines."""
+    import tandem.runner.loader as loader
+    import tandem.testing.live_server as live_server
+
+    saved = loader.CPU_KV_BYTES, live_server.DEFAULT_KV_BUDGET_TOKENS
+    loader.CPU_KV_BYTES, live_server.DEFAULT_KV_BUDGET_TOKENS = 256 << 20, 1 << 16
+    yield
+    loader.CPU_KV_BYTES, live_server.DEFAULT_KV_BUDGET_TOKENS = saved
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> callable:
     """arch -> path of a float32 random-weight model written once per session."""

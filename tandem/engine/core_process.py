@@ -126,4 +126,8 @@ def _stats(engine) -> dict[str, Any]:
         "prefix_cache_queried_tokens": sched.stats.queried_tokens,
         "prefix_cache_hit_tokens": sched.stats.hit_tokens,
         "retractions": sched.stats.retractions,
+        "step_failures": sched.stats.step_failures,
+        "oom_recoveries": sched.stats.oom_recoveries,
+        "kv_pages": sched.kv.num_pages,
+        "kv_cached_pages": sched.kv.num_cached,
     }

@@ -1,8 +1,19 @@
 """The overlap loop (DESIGN §2), written as a fold over the steps in flight.
 
-``OverlapLoop.step()`` runs one iteration and returns the outputs it finalized. With
-``overlap=False`` the same phases run with at most one step in flight, so both modes share
-every line that touches state and must produce identical tokens.
+Every step is built while the one before it is still on the device: its decode inputs are that
+step's lazy tokens, its prefill chunks come from the host. ``OverlapLoop.step()`` launches the
+next step, then finalizes the current one. With ``overlap=False`` the same phases run with at
+most one step in flight, so both modes share every line that touches state and must produce
+identical tokens.
+
+Where the chain breaks — the one place these rules live:
+- ``Scheduler.schedule(parent)`` returns None: nothing is left to run beyond the parent, or the
+  running decodes need pages only a retraction can free (retracting needs nothing in flight).
+- A grammar-constrained row's mask needs its previous token on the host: the step's forward
+  still launches chained; only its small sampling graph waits (``Runner.complete``) until the
+  parent is finalized.
+There is no host-side logits processor, and pages are freed only after every step that lists
+them is finalized (late release), so no slot is reused under an in-flight step.
 """
 
 from __future__ import annotations
@@ -11,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tandem.engine.plan import KVOutOfMemory, StepPlan, StepResult
+from tandem.engine.plan import StepFailed, StepPlan, StepResult, is_oom
 from tandem.engine.scheduler import Scheduler
 from tandem.outputs import EngineOutput
 
@@ -22,7 +33,8 @@ class Runner(Protocol):
     """Launch/finalize split. Handles are opaque; finalize must follow launch order.
 
     A plan with grammar-constrained rows launched without ``masks`` submits only its forward;
-    ``complete`` adds the sampling once the masks are known (before any child launches)."""
+    ``complete`` adds the sampling once the masks are known (before any child launches).
+    ``reset`` drops every in-flight step and recreates the KV pool (after a failure)."""
 
     words: int  # int32 words of a grammar bitmask row
 
@@ -31,6 +43,8 @@ class Runner(Protocol):
     def complete(self, handle: Any, masks: Any) -> None: ...
 
     def finalize(self, handle: Any) -> StepResult: ...
+
+    def reset(self) -> None: ...
 
 
 @dataclass
@@ -52,83 +66,106 @@ class OverlapLoop:
         self.runner = runner
         self.overlap = overlap
         self.check_invariants = check_invariants
-        self.curr: InFlightStep | None = None  # oldest launched, unfinalized step
-        self.next: InFlightStep | None = None  # chained on curr's lazy tokens
+        self.curr: InFlightStep | None = None  # the oldest launched, unfinalized step
         self.num_steps = 0
         self.num_chained = 0
 
     @property
     def inflight(self) -> list[StepPlan]:
-        return [s.plan for s in (self.curr, self.next) if s is not None]
+        return [self.curr.plan] if self.curr is not None else []
 
     def step(self) -> list[EngineOutput]:
-        sched = self.scheduler
+        self._out: list[EngineOutput] = []
+        try:
+            self._step()
+        except Exception as e:  # noqa: BLE001 - any failure inside a step is contained
+            self._recover(e)
+        return self._out + self.scheduler.take_pending_outputs()
+
+    def _step(self) -> None:
         if self.curr is None:
-            self.curr = self._launch_fresh()
+            self.curr = self._launch(None)
             if self.curr is None:
-                return sched.take_pending_outputs()
-        # 1. Chain: submit step N+1 on N's lazy tokens before blocking on N. With constrained
-        # rows only its forward goes now; its sampling waits for the masks (step 2).
-        if self.overlap and self.next is None:
-            plan = sched.chain(self.curr.plan)
-            if plan is not None:
-                self.next = InFlightStep(plan, self.runner.launch(plan, self.curr.handle))
-                self.num_steps += 1
-                self.num_chained += 1
-        # 2. Finalize curr (the device is busy with next meanwhile), then complete next.
-        outputs = self._finalize(self.curr)
-        self.curr = None
-        if self.next is not None:
-            self._complete(self.next)
-        # 3. Promote next while the chain holds.
-        if self.next is not None:
-            nxt, self.next = self.next, None
-            if not sched.needs_prefill() and not any(
-                sched.running[rid].finished for rid in nxt.plan.request_ids
-            ):
-                self.curr = nxt
-                self._check()
-                return outputs
-            # 4. The chain breaks: next's tokens are still valid for the live requests.
-            outputs += self._finalize(nxt)
-        self.curr = self._launch_fresh()
+                return
+        # 1. Submit step N+1 on N's lazy tokens before blocking on N. With constrained rows
+        # only its forward goes now; its sampling waits for the masks (step 2).
+        nxt = self._launch(self.curr) if self.overlap else None
+        # 2. Finalize N (the device is busy with N+1 meanwhile), then complete N+1.
+        self._finalize(self.curr)
+        self.curr = nxt
+        if nxt is not None:
+            self._complete(nxt)
+        else:
+            # 3. The chain broke (or overlap is off): a fresh step with nothing in flight.
+            self.curr = self._launch(None)
         self._check()
-        return outputs
 
     def drain(self) -> list[EngineOutput]:
-        """Finalize whatever is in flight, in launch order (used before shutdown)."""
-        outputs: list[EngineOutput] = []
-        for s in (self.curr, self.next):
-            if s is not None:
-                outputs += self._finalize(s)
-                if s is self.curr and self.next is not None:
-                    self._complete(self.next)
-        self.curr = self.next = None
-        return outputs
+        """Finalize whatever is in flight (used before shutdown or a pause)."""
+        self._out = []
+        if self.curr is not None:
+            try:
+                self._finalize(self.curr)
+            except Exception as e:  # noqa: BLE001
+                self._recover(e)
+            self.curr = None
+        return self._out + self.scheduler.take_pending_outputs()
 
-    def _launch_fresh(self) -> InFlightStep | None:
-        plan = self.scheduler.schedule()
+    def _launch(self, parent: InFlightStep | None) -> InFlightStep | None:
+        plan = self.scheduler.schedule(parent.plan if parent is not None else None)
         if plan is None:
             return None
         self.num_steps += 1
-        # Nothing is in flight: every constrained row's previous token is known.
-        masks = self.scheduler.grammar_masks(plan, self.runner.words)
-        try:
-            handle = self.runner.launch(plan, None, masks)
-        except KVOutOfMemory as e:
-            # Only fresh steps grow the pool. Retract everything, shrink, go on.
-            log.warning("%s; retracting all requests, KV budget shrinks", e)
-            self.scheduler.recover_from_kv_oom(plan, e.held, e.wanted)
-            return None
+        self.num_chained += parent is not None
+        # A fresh step knows every constrained row's previous token; a chained one waits.
+        masks = None if parent else self.scheduler.grammar_masks(plan, self.runner.words)
+        self._failing = plan
+        handle = self.runner.launch(plan, parent.handle if parent else None, masks)
+        self._failing = None
         return InFlightStep(plan, handle)
 
     def _complete(self, s: InFlightStep) -> None:
         if s.plan.sampling.constrained:
+            self._failing = s.plan
             self.runner.complete(s.handle, self.scheduler.grammar_masks(s.plan, self.runner.words))
+            self._failing = None
 
-    def _finalize(self, s: InFlightStep) -> list[EngineOutput]:
+    def _finalize(self, s: InFlightStep) -> None:
+        self._failing = s.plan
         result = self.runner.finalize(s.handle)
-        return self.scheduler.update(s.plan, result)
+        self._out += self.scheduler.update(s.plan, result)
+        self._failing = None
+
+    _failing: StepPlan | None = None
+
+    def _recover(self, e: Exception) -> None:
+        """A step raised. Drop everything in flight and recreate the runner's KV; every
+        running request resumes by prefill, token-exact. Out of device memory: retry with a
+        smaller step (the requests of a step that fails at the smallest fail with a clear
+        error). Anything else: the requests of the failing step fail with an internal error,
+        the rest go on."""
+        oom = isinstance(e, StepFailed) and e.oom or is_oom(e)
+        failing = self._failing
+        self.curr, self._failing = None, None
+        sched = self.scheduler
+        at_floor = sched.max_step_tokens <= sched.config.page_size
+        failed: frozenset[str] = frozenset()
+        if failing is None:
+            # Not inside a step's launch or finalize: the engine's own state is suspect, so
+            # nothing running may retry into the same failure.
+            failed = frozenset(sched.running)
+        elif not oom or at_floor:
+            failed = failing.request_ids
+        log.error(
+            "step failed (%s: %s); %d requests fail, the rest resume",
+            type(e).__name__,
+            e,
+            len(failed),
+            exc_info=not oom,
+        )
+        self.runner.reset()
+        kind = "out of device memory" if oom else "internal error"
+        sched.recover(failed, f"{kind} in an engine step: {type(e).__name__}: {e}", oom=oom)
 
     def _check(self) -> None:
         if self.check_invariants:

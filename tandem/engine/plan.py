@@ -1,8 +1,10 @@
 """Frozen step plans (scheduler → runner) and plain step results (runner → scheduler).
 
-A step is one forward over the KV rows ``0 .. num_rows-1`` (one token each: the decode part)
-preceded by cache-only prefill chunks on single rows. Rows without a decoding request are
-holes: they compute a throw-away token at a harmless position.
+A step is one forward over a flat list of tokens made of *segments*: each segment is a run of
+consecutive positions of one request (a prefill chunk, a decode token, or both at once when a
+prompt's last chunk samples its first output). Its K/V go to the pages of the request's page
+table; attention reads only those pages. Segments that end at the request's last known token
+are *sampled*: their last position's logits give one output token (one sample row each).
 """
 
 from __future__ import annotations
@@ -11,32 +13,34 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
-    """Write KV for ``token_ids`` at positions ``start ..`` of ``row``; no logits."""
-
+class Segment:
     request_id: str
-    row: int
-    start: int
+    start: int  # first position written
+    num_tokens: int
+    # Host-known input tokens, or () when the one input is the parent step's sampled token
+    # at ``parent_row`` (a chained decode: the token is still on the device).
     token_ids: tuple[int, ...]
-    # Prompt log-probabilities: top-k to return (-1: none) and the token after the chunk
-    # (each position's logits score the next token).
+    pages: tuple[int, ...]  # the request's page table, covering [0, start + num_tokens)
+    parent_row: int = -1
+    sample_row: int = -1  # >= 0: the last position is sampled into this output row
+    # Prompt log-probabilities: top-k to return (-1: none) and the tokens that positions
+    # start .. score (each position's logits score the next token; the sampled position's
+    # logits belong to the output, not the prompt).
     logprobs: int = -1
-    next_token: int = 0
+    next_tokens: tuple[int, ...] = ()
 
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
 
-@dataclass(frozen=True)
-class RowCopy:
-    """Copy KV positions ``[0, length)`` of ``src`` into ``dst`` (a prefix-cache hit on a row
-    that another request owns). Runs before the step's prefill chunks."""
-
-    src: int
-    dst: int
-    length: int
+    @property
+    def lazy(self) -> bool:
+        return self.parent_row >= 0
 
 
 @dataclass(frozen=True)
 class RowSampling:
-    """Per-row sampling parameters (temperature 0 = greedy)."""
+    """Per-sample-row sampling parameters (temperature 0 = greedy)."""
 
     temperature: tuple[float, ...]
     top_k: tuple[int, ...]
@@ -48,7 +52,8 @@ class RowSampling:
     logit_bias: tuple[tuple[int, int, float], ...] = ()
     min_position: tuple[int, ...] = ()
     suppress: tuple[tuple[int, int], ...] = ()
-    # Penalized rows: (row, presence, frequency, repetition, prompt ids, output ids so far).
+    # Penalized rows: (row, presence, frequency, repetition, prompt ids, output ids the host
+    # has; a lazily fed row's newest output is still on the device and added there).
     penalties: tuple[tuple[int, float, float, float, tuple[int, ...], tuple[int, ...]], ...] = ()
     # (row, k): return the sampled token's log-probability and the top k at its position.
     logprobs: tuple[tuple[int, int], ...] = ()
@@ -69,34 +74,32 @@ class RowSampling:
 @dataclass(frozen=True)
 class StepPlan:
     step_id: int
-    # Decode part: one entry per row 0..num_rows-1 (None = hole).
-    row_request_ids: tuple[str | None, ...]
-    positions: tuple[int, ...]
-    # Host-known input tokens; None for a chained step (the parent's lazy tokens feed it).
-    input_tokens: tuple[int, ...] | None
+    segments: tuple[Segment, ...]
+    # One entry per sample row: the request and the position whose logits are sampled.
+    sample_request_ids: tuple[str, ...]
+    sample_positions: tuple[int, ...]
     sampling: RowSampling
-    chunks: tuple[PrefillChunk, ...] = ()
-    # KV sequence capacity every row buffer must have before this step runs.
-    capacity: int = 0
-    chained: bool = False
-    copies: tuple[RowCopy, ...] = ()
-    # Rows whose KV must survive this step (owned or cached): the pool keeps at least these.
-    kv_rows: int = 0
+    # Chained on the in-flight step ``parent_step`` (0: none): lazy segments read its tokens.
+    parent_step: int = 0
+    # The parent's sampling state (advanced on the device) serves this step unchanged: the
+    # same requests in the same sample rows, every one fed lazily.
+    reuse_sampling: bool = False
+
+    @property
+    def chained(self) -> bool:
+        return self.parent_step > 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
 
     @property
     def num_rows(self) -> int:
-        return len(self.row_request_ids)
-
-    @property
-    def is_decode(self) -> bool:
-        """A pure decode step: the only kind that may seed a chain."""
-        return not self.chunks and self.num_rows > 0
+        return len(self.sample_request_ids)
 
     @property
     def request_ids(self) -> frozenset[str]:
-        ids = {r for r in self.row_request_ids if r is not None}
-        ids.update(c.request_id for c in self.chunks)
-        return frozenset(ids)
+        return frozenset(s.request_id for s in self.segments)
 
 
 # A sampled token's log-probability and the top-k (token, log-probability) pairs.
@@ -106,17 +109,24 @@ TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
 @dataclass(frozen=True)
 class StepResult:
     step_id: int
-    tokens: tuple[int, ...]  # one per row of the plan
-    logprobs: dict[int, TokenLogprobs] | None = None  # by row, for rows that asked
-    # Prompt log-probabilities of chunks that asked: request id -> one entry per chunk token
-    # (scoring the token after it).
+    tokens: tuple[int, ...]  # one per sample row of the plan
+    logprobs: dict[int, TokenLogprobs] | None = None  # by sample row, for rows that asked
+    # Prompt log-probabilities of segments that asked: request id -> one entry per scored
+    # position.
     prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
 
 
-class KVOutOfMemory(RuntimeError):
-    """The device could not allocate a larger pool. The pool is now empty; ``held`` and
-    ``wanted`` are its sizes (rows x positions) before and in the failed growth."""
+class StepFailed(RuntimeError):
+    """A step could not run. ``oom``: the device ran out of memory (retry smaller);
+    otherwise the step's requests fail."""
 
-    def __init__(self, held: int, wanted: int, reason: str) -> None:
-        super().__init__(f"KV pool growth to {wanted} tokens failed: {reason}")
-        self.held, self.wanted = held, wanted
+    def __init__(self, message: str, *, oom: bool) -> None:
+        super().__init__(message)
+        self.oom = oom
+
+
+def is_oom(e: BaseException) -> bool:
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e).lower()
+    return "out of memory" in text or "unable to allocate" in text or "malloc" in text

@@ -11,9 +11,9 @@ from tandem.sampling_params import SamplingParams
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0  # queued (or retracted), holds no KV
-    PREFILL = 1  # owns a row; tokens[:-1] (prompt, plus output if resumed) go in chunks
-    DECODE = 2  # owns a row; each step feeds one token
-    FINISHED = 3  # done; keeps its row until no in-flight step references it
+    PREFILL = 1  # holds pages; its known tokens (prompt, plus output if resumed) go in chunks
+    DECODE = 2  # every known token is computed or in flight; each step feeds one token
+    FINISHED = 3  # done; keeps its pages until no in-flight step references them
 
 
 @dataclass(eq=False)
@@ -25,17 +25,22 @@ class Request:
     stop_ids: frozenset[int]
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    row: int | None = None
+    # Page table: page i holds positions [i * page_size, (i + 1) * page_size).
+    pages: list[int] = field(default_factory=list)
+    # Prefix-cache pages this request keeps alive without listing them (see
+    # PrefixCache.insert): released with its pages.
+    locked_pages: set[int] = field(default_factory=set)
     # Positions whose KV has been (or is being, in a launched step) written.
     num_computed: int = 0
-    # Launched steps that reference this request and are not finalized yet.
+    # Launched steps that reference this request and are not finalized yet, and those of
+    # them that sample a token for it.
     num_inflight: int = 0
+    num_pending_samples: int = 0
     finish_reason: str | None = None
-    # Prefix cache: prompt tokens served from cache at first admission, and the tree node
-    # this request holds a lock on (None when it holds none).
+    # Prefix cache: prompt tokens served from cache at first admission.
     num_cached_tokens: int = 0
     cache_reported: bool = False
-    lock_node: object | None = None
+    admit_order: int = 0  # later admissions are retracted first
     num_retractions: int = 0
     # Another sample of the same prompt (n > 1): admitted once that request's prompt is
     # launched, so its prefill comes from the prefix cache instead of being recomputed.

@@ -42,9 +42,21 @@ class _Stream:
     queue: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
 
 
+MAX_RESTARTS = 3  # engine processes started after the first dies, before giving up
+
+
 class EngineClient:
-    def __init__(self, config_kwargs: dict[str, Any]) -> None:
+    """Starts the engine core process and, when it dies, restarts it (up to
+    ``max_restarts`` times): requests in flight then end with an error, later ones are
+    served by the new process."""
+
+    def __init__(self, config_kwargs: dict[str, Any], max_restarts: int = MAX_RESTARTS) -> None:
         self.config_kwargs = config_kwargs
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self._fatal: str | None = None  # the reason a dying core sent
+        self._ready = asyncio.Event()
+        self._closing = False
         self.info: dict[str, Any] = {}
         self.stats: dict[str, Any] = {"running": 0, "waiting": 0, "kv_usage": 0.0}
         self.dead: str | None = None
@@ -56,27 +68,37 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout: float = 600.0) -> None:
-        to_core = f"ipc://{self._dir}/in"
-        from_core = f"ipc://{self._dir}/out"
         self._push = self._ctx.socket(zmq.PUSH)
-        self._push.bind(to_core)
+        self._push.bind(self._to_core)
         self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.bind(from_core)
-        from tandem.engine.core_process import run_core
-
-        mp = multiprocessing.get_context("spawn")
-        self._proc = mp.Process(
-            target=run_core, args=(self.config_kwargs, to_core, from_core), daemon=True
-        )
-        self._proc.start()
+        self._pull.bind(self._from_core)
+        self._spawn()
         msg = await self._first_message(timeout)
         if msg[0] != "ready":
             raise RuntimeError(f"engine failed to start: {msg[1]}")
         self.info = msg[1]
+        self._ready.set()
         self._tasks = [
             asyncio.create_task(self._read_outputs()),
             asyncio.create_task(self._watch_process()),
         ]
+
+    @property
+    def _to_core(self) -> str:
+        return f"ipc://{self._dir}/in"
+
+    @property
+    def _from_core(self) -> str:
+        return f"ipc://{self._dir}/out"
+
+    def _spawn(self) -> None:
+        from tandem.engine.core_process import run_core
+
+        mp = multiprocessing.get_context("spawn")
+        self._proc = mp.Process(
+            target=run_core, args=(self.config_kwargs, self._to_core, self._from_core), daemon=True
+        )
+        self._proc.start()
 
     async def _first_message(self, timeout: float) -> list[Any]:
         loop = asyncio.get_running_loop()
@@ -91,7 +113,16 @@ class EngineClient:
 
     @property
     def healthy(self) -> bool:
-        return self.dead is None and self._proc is not None and self._proc.is_alive()
+        return (
+            self.dead is None
+            and self._ready.is_set()
+            and self._proc is not None
+            and self._proc.is_alive()
+        )
+
+    @property
+    def restarting(self) -> bool:
+        return self.dead is None and not self._ready.is_set()
 
     async def generate(
         self,
@@ -101,6 +132,8 @@ class EngineClient:
         follows: str | None = None,
     ) -> AsyncIterator[Delta]:
         """Token deltas of one request; abandoning the iterator aborts it in the engine."""
+        if not self._ready.is_set() and self.dead is None:
+            await self._ready.wait()  # a restarting engine: wait for the new process
         if self.dead is not None:
             raise EngineDeadError(self.dead)
         stream = _Stream()
@@ -119,7 +152,7 @@ class EngineClient:
                     return
         finally:
             self._streams.pop(request_id, None)
-            if not finished and self.dead is None:
+            if not finished and self.dead is None and self._ready.is_set():
                 with contextlib.suppress(zmq.ZMQError):
                     await self._push.send(pack(["abort", request_id]))
 
@@ -144,8 +177,13 @@ class EngineClient:
         while True:
             msg = unpack(await self._pull.recv())
             if msg[0] == "fatal":
-                self._die(f"engine failed: {msg[1]}")
-                return
+                self._fatal = f"engine failed: {msg[1]}"  # it exits now; the watcher acts
+                continue
+            if msg[0] == "ready":  # a restarted engine
+                self.info = msg[1]
+                self._ready.set()
+                log.warning("engine restarted (%d of %d)", self.restarts, self.max_restarts)
+                continue
             _, outputs, stats = msg
             self.stats = stats
             for rid, new_ids, reason, error, cached, lps, plps, kind in outputs:
@@ -155,23 +193,42 @@ class EngineClient:
                     stream.queue.put_nowait(delta)
 
     async def _watch_process(self) -> None:
-        assert self._proc is not None
-        while self._proc.is_alive():
-            await asyncio.sleep(0.2)
-        if self.dead is None:
-            self._die(f"engine process exited with code {self._proc.exitcode}")
+        """A dead engine process is restarted (bounded); its requests in flight fail."""
+        while True:
+            proc = self._proc
+            assert proc is not None
+            while proc.is_alive():
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)  # let the reader take the core's last words
+            if self._closing or self.dead is not None:
+                return
+            reason = self._fatal or f"engine process exited with code {proc.exitcode}"
+            self._fatal = None
+            self._ready.clear()
+            self._fail_streams(reason)
+            if self.restarts >= self.max_restarts:
+                self._die(f"{reason} (after {self.restarts} restarts)")
+                return
+            self.restarts += 1
+            log.error("%s; restarting it (%d of %d)", reason, self.restarts, self.max_restarts)
+            self._spawn()
+
+    def _fail_streams(self, reason: str) -> None:
+        for stream in self._streams.values():
+            stream.queue.put_nowait(Delta([], "error", reason, error_kind="internal"))
 
     def _die(self, reason: str) -> None:
         if self.dead is not None:
             return
         self.dead = reason
+        self._ready.set()  # wake waiters: they see the engine is gone
         log.error("%s", reason)
-        for stream in self._streams.values():
-            stream.queue.put_nowait(Delta([], "error", reason))
+        self._fail_streams(reason)
         if self.on_death is not None:
             self.on_death(reason)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
+        self._closing = True
         for t in self._tasks:
             t.cancel()
         if self._proc is not None and self._proc.is_alive():

@@ -59,3 +59,15 @@ def available_memory_bytes() -> int:
     except OSError:
         pass
     return 8 << 30
+
+
+CPU_KV_BYTES = 4 << 30  # default KV pool cap on the CPU backend (it shares host memory)
+
+
+def kv_memory_bytes(fraction: float | None) -> int:
+    """Bytes for the KV pool: ``fraction`` of the available memory (None: half of it, and on
+    the CPU backend at most CPU_KV_BYTES, as vLLM's CPU backend defaults to 4 GiB)."""
+    memory = int(available_memory_bytes() * (fraction or 0.5))
+    if fraction is None and mx.default_device() == mx.cpu:
+        memory = min(memory, CPU_KV_BYTES)
+    return memory

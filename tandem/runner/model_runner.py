@@ -4,15 +4,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from tandem.engine.grammar import words_for
-from tandem.engine.plan import PrefillChunk, StepPlan, StepResult
-from tandem.runner.kv import ROW_STEP, KVPool, KVShape
+from tandem.engine.plan import StepPlan, StepResult
+from tandem.runner import attention
+from tandem.runner.paged import KVShape, PagedCache, PagePool, StepContext
 from tandem.runner.sampler import (
     SamplingArrays,
     advance,
@@ -21,6 +22,8 @@ from tandem.runner.sampler import (
     sample,
     token_logprobs,
 )
+
+LogprobArrays = tuple[mx.array, mx.array, mx.array]
 
 
 @dataclass
@@ -31,52 +34,20 @@ class Handle:
     plan: StepPlan
     tokens: mx.array | None  # None until the sampling is attached (constrained rows)
     sampling: SamplingArrays
-    logprobs: tuple[mx.array, mx.array, mx.array] | None = None
-    # Prompt log-probabilities of chunks that asked: (request id, k, arrays).
-    prompt_logprobs: list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]] | None = None
+    logprobs: LogprobArrays | None = None
+    # Prompt log-probabilities of segments that asked: (request id, k, arrays).
+    prompt_logprobs: list[tuple[str, int, LogprobArrays]] | None = None
     # A forward waiting for its grammar masks: (logits, sampling arrays, positions).
     pending: tuple[mx.array, SamplingArrays, mx.array | None] | None = None
 
 
-MAX_PADDING = 0.25  # padded tokens allowed per batched first-chunk forward
-
-
-def group_first_chunks(chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
-    """Group chunks of similar length so right-padding wastes at most ~MAX_PADDING."""
-    groups: list[list[PrefillChunk]] = []
-    real = 0
-    for c in sorted(chunks, key=lambda c: -len(c.token_ids)):
-        n = len(c.token_ids)
-        if groups:
-            g = groups[-1]
-            longest = len(g[0].token_ids)
-            if longest * (len(g) + 1) <= (1 + MAX_PADDING) * (real + n):
-                g.append(c)
-                real += n
-                continue
-        groups.append([c])
-        real = n
-    return groups
-
-
-def _entries(
-    arrays: tuple[mx.array, mx.array, mx.array], ks: list[int]
-) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
     """(chosen, top ids, top values) → per row: (log-probability, its top ``ks[i]`` pairs)."""
     chosen, top_ids, top_lps = (a.tolist() for a in arrays)
     return [
         (c, tuple(zip(i[:k], v[:k], strict=True)))
         for c, i, v, k in zip(chosen, top_ids, top_lps, ks, strict=True)
     ]
-
-
-def _chunk_logprobs(
-    logits: mx.array, chunk: PrefillChunk
-) -> tuple[str, int, tuple[mx.array, mx.array, mx.array]]:
-    """Log-probabilities of each chunk position's next token (the chunk's own tokens shifted
-    by one, then the token after it) and the top ``chunk.logprobs`` there."""
-    nxt = mx.array(list(chunk.token_ids[1:]) + [chunk.next_token], dtype=mx.int32)
-    return chunk.request_id, chunk.logprobs, logprobs_of(logits, nxt, chunk.logprobs)
 
 
 class _ProbeCache:
@@ -93,7 +64,11 @@ class _ProbeCache:
 
 
 def check_supported(model: nn.Module, model_type: str) -> None:
-    """Only full-attention KV models fit the row layout; say so instead of misbehaving."""
+    """Only full-attention KV models page today; say so instead of misbehaving."""
+    if not attention.has_seam(attention.model_module(model)):
+        raise ValueError(
+            f"model type {model_type!r} does not call {attention.SEAM} from mlx_lm.models.base"
+        )
     make_cache = getattr(model, "make_cache", None)
     if make_cache is None:
         return
@@ -119,65 +94,190 @@ def probe_kv_shape(model: nn.Module) -> tuple[KVShape, int]:
     return kv, int(logits.shape[-1])
 
 
+class _SelectRows(nn.Module):
+    """Wraps the model body so the LM head runs only on the rows a step needs (sampled and
+    prompt-scored positions), not on every prefill token."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_rows", None)
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def select(self, rows: mx.array | None) -> None:
+        object.__setattr__(self, "_rows", rows)
+
+    def __call__(self, *args, **kwargs):
+        h = self.inner(*args, **kwargs)
+        rows = self.__dict__.get("_rows")
+        return h if rows is None else h[rows]
+
+
+def _install_row_selection(model: nn.Module) -> _SelectRows | None:
+    """Put ``_SelectRows`` around ``model.model`` when the model's output equals its head
+    applied to the selected rows (checked on a probe); None: full logits, rows taken after."""
+    inner = model.get("model") if isinstance(model, dict) else None
+    if not isinstance(inner, nn.Module) or not hasattr(inner, "layers"):
+        return None
+    x = mx.array([[1], [2], [3]])
+    full = model(x)
+    wrapper = _SelectRows(inner)
+    model.model = wrapper
+    rows = mx.array([2, 0])
+    wrapper.select(rows)
+    try:
+        ok = bool(mx.allclose(model(x), full[rows], atol=1e-4, rtol=1e-3))
+    except Exception:  # noqa: BLE001 - a model that does more after its body: no selection
+        ok = False
+    wrapper.select(None)
+    if not ok:
+        model.model = inner
+        return None
+    return wrapper
+
+
 class ModelRunner:
     def __init__(
         self,
         model: nn.Module,
         *,
-        max_rows: int,
         model_type: str = "",
         overlap: bool = True,
         double_buffer: bool | None = None,
-        row_step: int = ROW_STEP,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
-        flight reads (runner/kv.py). None picks it where it was measured to pay: with overlap
-        on the CPU backend (whole-buffer copies otherwise); on the H200 one set was faster."""
+        flight reads (runner/paged.py). None picks it where it was measured to pay: with
+        overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set."""
         check_supported(model, model_type)
         self.model = model
         self.stream = mx.new_stream(mx.default_device())
         with mx.stream(self.stream):
-            kv_shape, self.vocab_size = probe_kv_shape(model)
+            self.kv_shape, self.vocab_size = probe_kv_shape(model)
+            self.selector = _install_row_selection(model)
+        attention.install(model)
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
-        self.kv = KVPool(kv_shape, max_rows, double_buffer=double_buffer, row_step=row_step)
+        self.double_buffer = double_buffer
+        self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return (2 if self.double_buffer else 1) * self.kv_shape.bytes_per_token
+
+    def allocate_kv(self, num_pages: int, page_size: int) -> None:
+        """Create the pool once, before serving: its size never changes."""
+        with mx.stream(self.stream):
+            self.pool = PagePool(
+                self.kv_shape, num_pages, page_size, double_buffer=self.double_buffer
+            )
+
+    def reset(self) -> None:
+        """After a failure: drop every in-flight step's arrays and recreate the pool."""
+        assert self.pool is not None
+        with mx.stream(self.stream):
+            self.pool.reset()
 
     def launch(
         self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None
     ) -> Handle:
+        pool = self.pool
+        assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
-            needed_rows = max(
-                [plan.num_rows, plan.kv_rows]
-                + [c.row + 1 for c in plan.chunks]
-                + [max(c.src, c.dst) + 1 for c in plan.copies]
-            )
-            self.kv.begin_step(needed_rows, plan.capacity)
-            for c in plan.copies:
-                self.kv.copy_prefix(c.src, c.dst, c.length)
-            prompt_lps = self._prefill(plan.chunks)
-            if plan.chained:
-                assert parent is not None and parent.tokens is not None
-                tokens_in, sampling = parent.tokens, parent.sampling
+            pool.begin_step()
+            ctx = StepContext(plan, pool)
+            inputs = self._inputs(plan, parent)
+            sample_idx, prompt_rows = [], []
+            t = 0
+            for seg in plan.segments:
+                if seg.sample_row >= 0:
+                    assert seg.sample_row == len(sample_idx)
+                    sample_idx.append(t + seg.num_tokens - 1)
+                if seg.logprobs >= 0:
+                    prompt_rows.append((seg, t))
+                t += seg.num_tokens
+            head = sample_idx + [
+                t0 + i for seg, t0 in prompt_rows for i in range(len(seg.next_tokens))
+            ]
+            caches = [PagedCache(ctx, i) for i in range(self.kv_shape.num_layers)]
+            head_rows = mx.array(head, dtype=mx.int32)
+            if self.selector is not None:
+                self.selector.select(head_rows)
+                try:
+                    logits = self.model(inputs[:, None], cache=caches)[:, 0, :]
+                finally:
+                    self.selector.select(None)
             else:
-                tokens_in = mx.array(plan.input_tokens, dtype=mx.int32)
-                sampling = make_sampling_arrays(plan.sampling, self.vocab_size)
-            # Positions go to the device only when something needs them (ragged rows, noise).
+                logits = self.model(inputs[:, None], cache=caches)[head_rows, 0, :]
+            prompt_lps = []
+            off = len(sample_idx)
+            for seg, _ in prompt_rows:
+                n = len(seg.next_tokens)
+                nxt = mx.array(seg.next_tokens, dtype=mx.int32)
+                prompt_lps.append(
+                    (
+                        seg.request_id,
+                        seg.logprobs,
+                        logprobs_of(logits[off : off + n], nxt, seg.logprobs),
+                    )
+                )
+                off += n
+            sampled = logits[: len(sample_idx)]
+            sampling = self._sampling(plan, parent, inputs)
             positions = (
-                mx.array(plan.positions, dtype=mx.int32) if sampling.needs_positions else None
+                mx.array(plan.sample_positions, dtype=mx.int32)
+                if sampling.needs_positions
+                else None
             )
-            caches = self.kv.batch_caches(plan.positions, positions)
-            logits = self.model(tokens_in[:, None], cache=caches)[:, -1, :]
             handle = Handle(plan, None, sampling, None, prompt_lps or None)
+            extra = [a for _, _, arrs in prompt_lps for a in arrs]
             if plan.sampling.constrained and masks is None:
                 # Keep the device busy with the forward; the sampling follows the masks.
-                handle.pending = (logits, sampling, positions)
-                mx.async_eval(logits, *self.kv.arrays())
+                handle.pending = (sampled, sampling, positions)
+                mx.async_eval(sampled, *extra, *pool.arrays())
                 return handle
             mx.async_eval(
-                *self._sample(handle, logits, sampling, positions, masks), *self.kv.arrays()
+                *self._sample(handle, sampled, sampling, positions, masks), *extra, *pool.arrays()
             )
         return handle
+
+    def _inputs(self, plan: StepPlan, parent: Handle | None) -> mx.array:
+        """(T,) input tokens: the lazy segments (first in the plan) take the parent's sampled
+        tokens on the device; the rest come from the host."""
+        lazy = [seg.parent_row for seg in plan.segments if seg.lazy]
+        host = [t for seg in plan.segments if not seg.lazy for t in seg.token_ids]
+        parts = []
+        if lazy:
+            assert parent is not None and parent.tokens is not None
+            assert all(seg.lazy for seg in plan.segments[: len(lazy)]), "lazy segments first"
+            n = parent.tokens.shape[0]
+            parts.append(parent.tokens if lazy == list(range(n)) else parent.tokens[mx.array(lazy)])
+        if host:
+            parts.append(mx.array(host, dtype=mx.uint32))
+        out = parts[0] if len(parts) == 1 else mx.concatenate([p.astype(mx.uint32) for p in parts])
+        return out.astype(mx.int32)
+
+    def _sampling(self, plan: StepPlan, parent: Handle | None, inputs: mx.array) -> SamplingArrays:
+        if plan.reuse_sampling:
+            assert parent is not None
+            return parent.sampling
+        s = make_sampling_arrays(plan.sampling, self.vocab_size)
+        if s.counts is None:
+            return s
+        # A lazily fed row's newest output is on the device only: count it there.
+        lazy_rows = {seg.sample_row: i for i, seg in enumerate(plan.segments) if seg.lazy}
+        pen = [
+            (j, lazy_rows[p[0]]) for j, p in enumerate(plan.sampling.penalties) if p[0] in lazy_rows
+        ]
+        if not pen:
+            return s
+        idx = mx.array([j for j, _ in pen], dtype=mx.int32)
+        toks = inputs[mx.array([t for _, t in pen], dtype=mx.int32)]
+        one_hot = (mx.arange(self.vocab_size)[None] == toks[:, None]).astype(mx.float32)
+        return replace(s, counts=s.counts.at[idx].add(one_hot))
 
     def complete(self, handle: Handle, masks: np.ndarray) -> None:
         """Attach the sampling of a forward launched without its grammar masks."""
@@ -196,6 +296,9 @@ class ModelRunner:
         masks: np.ndarray | None,
     ) -> list[mx.array]:
         """Attach the sampling graph to ``handle``; returns the arrays to evaluate."""
+        if logits.shape[0] == 0:  # only prefill chunks that sample nothing
+            handle.tokens = mx.zeros((0,), dtype=mx.uint32)
+            return [handle.tokens]
         grammar = None
         if masks is not None:
             rows = mx.array(handle.plan.sampling.constrained, dtype=mx.int32)
@@ -204,42 +307,6 @@ class ModelRunner:
         lps = token_logprobs(logits, sampling, tokens)
         handle.tokens, handle.sampling, handle.logprobs = tokens, advance(sampling, tokens), lps
         return [tokens, *(lps or ())]
-
-    def _prefill(
-        self, chunks: tuple[PrefillChunk, ...]
-    ) -> list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]]:
-        """Cache-only forwards: their logits are never evaluated, so never computed — except
-        for chunks that asked for prompt log-probabilities (returned, lazily).
-
-        First chunks of several prompts share one right-padded forward; continuation chunks
-        read their row's earlier KV and run one by one. Each forward is submitted on its own:
-        in one shared graph a later write could be scheduled before an earlier read of the same
-        buffer, and MLX would then copy the buffer instead of writing in place.
-        """
-        out: list[tuple[str, int, tuple[mx.array, mx.array, mx.array]]] = []
-        for group in group_first_chunks([c for c in chunks if c.start == 0]):
-            length = max(len(c.token_ids) for c in group)
-            tokens = mx.array(
-                [list(c.token_ids) + [0] * (length - len(c.token_ids)) for c in group],
-                dtype=mx.int32,
-            )
-            logits = self.model(
-                tokens, cache=self.kv.first_chunk_caches([c.row for c in group], length)
-            )
-            for b, c in enumerate(group):
-                if c.logprobs >= 0:
-                    out.append(_chunk_logprobs(logits[b, : len(c.token_ids)], c))
-            mx.async_eval(*[a for _, _, arrs in out for a in arrs], *self.kv.arrays())
-        for chunk in chunks:
-            if chunk.start > 0:
-                logits = self.model(
-                    mx.array(chunk.token_ids, dtype=mx.int32)[None],
-                    cache=self.kv.row_caches(chunk.row, chunk.start),
-                )
-                if chunk.logprobs >= 0:
-                    out.append(_chunk_logprobs(logits[0], chunk))
-                mx.async_eval(*[a for _, _, arrs in out for a in arrs], *self.kv.arrays())
-        return out
 
     def finalize(self, handle: Handle) -> StepResult:
         assert handle.tokens is not None, "finalize() of a step still waiting for its masks"

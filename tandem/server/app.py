@@ -127,7 +127,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
     def check_capacity(n: int) -> None:
         if not client.healthy:
-            raise RequestError("engine is not available", status=503, kind="server_error")
+            state = "restarting" if client.restarting else "not available"
+            raise RequestError(f"engine is {state}", status=503, kind="server_error")
         if n > settings.max_pending:
             raise RequestError(
                 f"this request asks for {n} sequences (prompts x n); the server admits at "
@@ -620,13 +621,19 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
     @app.get("/health")
     async def health():
+        restarts = client.restarts
+        if client.restarting:
+            body = {"status": "restarting", "reason": None, "engine_restarts": restarts}
+            return JSONResponse(body, status_code=503)
         if not client.healthy:
-            return JSONResponse({"status": "unhealthy", "reason": client.dead}, status_code=503)
-        return {"status": "ok"}
+            body = {"status": "unhealthy", "reason": client.dead, "engine_restarts": restarts}
+            return JSONResponse(body, status_code=503)
+        return {"status": "ok", "engine_restarts": restarts}
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(client.stats), media_type="text/plain; version=0.0.4")
+        stats = {**client.stats, "engine_restarts": client.restarts}
+        return Response(metrics.render(stats), media_type="text/plain; version=0.0.4")
 
     @app.post("/pause")
     async def pause():

@@ -58,6 +58,26 @@ class Metrics:
             registry=r,
         )
 
+        self.engine_restarts = Gauge(
+            "tandem_engine_restarts",
+            "Engine processes restarted after one died (since start)",
+            registry=r,
+        )
+        self.step_failures = Gauge(
+            "tandem_engine_step_failures",
+            "Engine steps that raised; their requests were retried or failed (since start)",
+            registry=r,
+        )
+        self.oom_recoveries = Gauge(
+            "tandem_engine_oom_recoveries",
+            "Steps that ran out of device memory and were retried smaller (since start)",
+            registry=r,
+        )
+        self.kv_pages = Gauge("tandem_kv_pages", "Pages in the KV pool", registry=r)
+        self.kv_cached_pages = Gauge(
+            "tandem_kv_cached_pages", "KV pages only the prefix cache holds", registry=r
+        )
+
     def render(self, stats: dict) -> bytes:
         self.running.set(stats.get("running", 0))
         self.waiting.set(stats.get("waiting", 0))
@@ -68,4 +88,9 @@ class Metrics:
         self.prefix_hits.set(hits)
         self.prefix_hit_rate.set(hits / queried if queried else 0.0)
         self.retractions.set(stats.get("retractions", 0))
+        self.engine_restarts.set(stats.get("engine_restarts", 0))
+        self.step_failures.set(stats.get("step_failures", 0))
+        self.oom_recoveries.set(stats.get("oom_recoveries", 0))
+        self.kv_pages.set(stats.get("kv_pages", 0))
+        self.kv_cached_pages.set(stats.get("kv_cached_pages", 0))
         return generate_latest(self.registry)

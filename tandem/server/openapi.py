@@ -542,10 +542,12 @@ def models_schema() -> Schema:
     }
 
 
-def _status(*values: str, reason: bool = False) -> Schema:
+def _status(*values: str, reason: bool = False, restarts: bool = False) -> Schema:
     props: dict[str, Schema] = {"status": {"enum": list(values)}}
     if reason:
         props["reason"] = {"type": ["string", "null"]}
+    if restarts:
+        props["engine_restarts"] = {"type": "integer", "minimum": 0}
     return {"type": "object", "properties": props, "required": ["status"]}
 
 
@@ -636,8 +638,11 @@ def _operations() -> dict[tuple[str, str], Schema]:
         ("/health", "get"): {
             "description": "Liveness; never needs the API key.",
             "responses": {
-                "200": _json("The engine is running.", _status("ok")),
-                "503": _json("The engine is gone.", _status("unhealthy", reason=True)),
+                "200": _json("The engine is running.", _status("ok", restarts=True)),
+                "503": _json(
+                    "The engine is restarting after its process died, or gone for good.",
+                    _status("restarting", "unhealthy", reason=True, restarts=True),
+                ),
             },
         },
         ("/metrics", "get"): {

@@ -1,17 +1,18 @@
-"""A model-free runner whose "KV" is the token ids themselves.
+"""A model-free runner whose "KV" is the token ids themselves, stored in pages.
 
-Each row keeps the token written at each position (by prefill chunks, decode inputs and prefix
-copies), and a step's output token is a pure function of the request's seed and the row's
-whole history ``[0, position]``. So any KV bookkeeping error (a wrong copy, a stale cached row,
-a chained step accounted at the wrong position, a hole overwriting cached KV) changes the
-tokens, which tests compare against ``fake_token`` run over the true sequence. It also honours
-the launch/finalize contract (launch order, chained steps reading the parent's tokens, rows
-beyond ``kv_rows`` lost when the buffers are reallocated).
+The pool has ``num_pages`` pages of ``page_size`` slots; a segment writes its input tokens into
+the slots its page table names and a sampled segment's output is a pure function of the
+request's seed and the history read back through that page table, ``[0, position]``. So any
+KV bookkeeping error (a page shared while both owners write it, a stale cached page, a chained
+step accounted at the wrong position, admission over-committing the pool) changes the tokens,
+which tests compare against ``fake_token`` run over the true sequence. It also honours the
+launch/finalize contract (launch order, chained steps reading the parent's tokens) and can
+inject failures at any phase of a chosen step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,57 +45,60 @@ def masked_token(raw: int, mask_row: np.ndarray) -> int:
     return int(allowed[raw % allowed.size])
 
 
+# fault(plan, phase) may raise to simulate a failure; phase: launch, complete or finalize.
+Fault = Callable[[StepPlan, str], None]
+
+
 @dataclass
 class FakeRunner:
     """Records every launch; checks finalize order and that chains follow their parent."""
 
+    num_pages: int = 1 << 12
+    page_size: int = 16
     launched: list[StepPlan] = field(default_factory=list)
-    kv: dict[int, list[int | None]] = field(default_factory=dict)
-    capacity: int = 0
-    copied_tokens: int = 0
-    _unfinalized: list[FakeHandle] = field(default_factory=list)
+    fault: Fault | None = None
     words: int = words_for(VOCAB)
     completed_late: int = 0  # chained steps whose sampling waited for grammar masks
+    resets: int = 0
+    _unfinalized: list[FakeHandle] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.slots: list[int | None] = [None] * (self.num_pages * self.page_size)
 
     def launch(
         self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
     ) -> FakeHandle:
         if plan.chained:
-            assert parent is not None and parent.plan.row_request_ids == plan.row_request_ids
+            assert parent is not None and parent.plan.step_id == plan.parent_step
+            assert parent in self._unfinalized, "chained on a finalized step"
             assert parent.tokens is not None, "chained on a step still waiting for masks"
-            assert plan.input_tokens is None
-            inputs = parent.tokens
         else:
-            assert parent is None and plan.input_tokens is not None
-            # No fresh step may launch while another is unfinalized (fresh steps follow
-            # a chain break, which finalizes everything first).
+            assert parent is None
+            # No fresh step may launch while another is unfinalized.
             assert not self._unfinalized, "fresh launch with a step in flight"
-            inputs = plan.input_tokens
         assert len(self._unfinalized) < 2, "more than two steps in flight"
+        if self.fault is not None:
+            self.fault(plan, "launch")
         self.launched.append(plan)
-        self._grow(plan)
-        for c in plan.copies:
-            assert c.src < max(plan.kv_rows, plan.num_rows), "copy from a row the plan drops"
-            src = self.kv[c.src][: c.length]
-            assert len(src) == c.length and None not in src, "copy of unwritten KV"
-            self._row(c.dst)[: c.length] = src
-            self.copied_tokens += c.length
-        for chunk in plan.chunks:
-            row = self._row(chunk.row)
-            assert chunk.start + len(chunk.token_ids) <= plan.capacity
-            assert None not in row[: chunk.start], "chunk attends to unwritten KV"
-            row[chunk.start : chunk.start + len(chunk.token_ids)] = list(chunk.token_ids)
-        tokens = []
-        for i, (rid, pos, tok) in enumerate(
-            zip(plan.row_request_ids, plan.positions, inputs, strict=True)
-        ):
-            assert pos < plan.capacity, "write past the row capacity"
-            row = self._row(i)
-            row[pos] = tok
-            history = row[: pos + 1]
-            if rid is not None:
-                assert None not in history, f"{rid} attends to unwritten KV"
-            tokens.append(fake_token(plan.sampling.seed[i], [t or 0 for t in history]))
+        p = self.page_size
+        tokens: list[int] = [0] * plan.num_rows
+        for seg in plan.segments:
+            assert max(seg.pages, default=0) < self.num_pages, "a page outside the pool"
+            assert seg.end <= len(seg.pages) * p, "a write past the page table"
+            if seg.lazy:
+                assert parent is not None and parent.tokens is not None and seg.num_tokens == 1
+                inputs: Sequence[int] = (parent.tokens[seg.parent_row],)
+            else:
+                inputs = seg.token_ids
+                assert len(inputs) == seg.num_tokens
+            for i, tok in enumerate(inputs):
+                pos = seg.start + i
+                self.slots[seg.pages[pos // p] * p + pos % p] = tok
+            if seg.sample_row >= 0:
+                history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(seg.end)]
+                assert None not in history, f"{seg.request_id} attends to unwritten KV"
+                seed = plan.sampling.seed[seg.sample_row]
+                tokens[seg.sample_row] = fake_token(seed, history)  # type: ignore[arg-type]
         handle = FakeHandle(plan, None, raw=tuple(tokens))
         self._unfinalized.append(handle)
         if plan.sampling.constrained and masks is None:
@@ -106,6 +110,8 @@ class FakeRunner:
     def complete(self, handle: FakeHandle, masks: np.ndarray) -> None:
         assert handle.tokens is None and handle in self._unfinalized
         assert self._unfinalized[0] is handle, "masks must wait for the parent's finalize"
+        if self.fault is not None:
+            self.fault(handle.plan, "complete")
         self.completed_late += 1
         self._sample(handle, masks)
 
@@ -121,23 +127,14 @@ class FakeRunner:
     def finalize(self, handle: FakeHandle) -> StepResult:
         assert handle.tokens is not None, "finalized before its masks were given"
         assert self._unfinalized and self._unfinalized[0] is handle, "finalize out of order"
+        if self.fault is not None:
+            self.fault(handle.plan, "finalize")
         self._unfinalized.pop(0)
         handle.finalized = True
         return StepResult(handle.plan.step_id, handle.tokens)
 
-    def _grow(self, plan: StepPlan) -> None:
-        """Like the real pool: growing the capacity reallocates, keeping only needed rows."""
-        if plan.capacity > self.capacity:
-            keep = max(
-                [plan.num_rows, plan.kv_rows]
-                + [c.row + 1 for c in plan.chunks]
-                + [c.dst + 1 for c in plan.copies]
-            )
-            self.kv = {r: v for r, v in self.kv.items() if r < keep}
-            self.capacity = plan.capacity
-
-    def _row(self, row: int) -> list[int | None]:
-        buf = self.kv.setdefault(row, [])
-        if len(buf) < self.capacity:
-            buf.extend([None] * (self.capacity - len(buf)))
-        return buf
+    def reset(self) -> None:
+        """Like the real runner after a failure: in-flight steps and all KV are gone."""
+        self._unfinalized.clear()
+        self.slots = [None] * (self.num_pages * self.page_size)
+        self.resets += 1

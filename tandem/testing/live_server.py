@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 
 API_KEY = "test-key"
+# KV pool of every Server started without its own (the test suite sets a small one, so a
+# dozen servers do not each zero-fill gigabytes).
+DEFAULT_KV_BUDGET_TOKENS: int | None = None
 
 
 def process_tree_rss(pid: int) -> dict[int, int]:
@@ -57,6 +60,7 @@ class Server:
         api_key: str | None = API_KEY,
         debug_invariants: bool = True,
         name: str = "tiny",
+        kv_budget_tokens: int | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -74,6 +78,9 @@ class Server:
             *(["--debug-invariants"] if debug_invariants else []),
             *extra,
         ]
+        budget = kv_budget_tokens or DEFAULT_KV_BUDGET_TOKENS
+        if budget and "--kv-budget-tokens" not in extra:
+            cmd += ["--kv-budget-tokens", str(budget)]
         if api_key:
             cmd += ["--api-key", api_key]
         self.proc = subprocess.Popen(

@@ -30,7 +30,7 @@ def client(server) -> openai.OpenAI:
 def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["tiny"]
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "engine_restarts": 0}
 
 
 def test_completion_matches_offline_engine_and_counts_usage(server, served_model):
@@ -455,8 +455,11 @@ def test_repeated_prompt_reports_cached_tokens(server):
     second = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
     # Earlier chats may share the template's opening tokens, never the whole prompt.
     assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens // 2
-    # All but the last prompt token come from the cache; the output is the same.
-    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    # Every whole KV page (16 tokens) before the last prompt token comes from the cache; the
+    # partial last page is recomputed. The output is the same.
+    assert second.usage.prompt_tokens_details.cached_tokens == (
+        (second.usage.prompt_tokens - 1) // 16 * 16
+    )
     assert second.choices[0].message.content == first.choices[0].message.content
     stream = c.chat.completions.create(
         model="tiny",
@@ -467,7 +470,7 @@ def test_repeated_prompt_reports_cached_tokens(server):
         stream_options={"include_usage": True},
     )
     usage = [c.usage for c in stream if c.usage is not None][-1]
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // 16 * 16
     assert 0 < metric(server, "tandem_prefix_cache_hit_rate") <= 1
 
 
@@ -520,9 +523,14 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(served_model):
     assert s.proc.wait(60) == 0
 
 
-def test_engine_death_fails_requests_and_exits_nonzero(served_model):
+def test_engine_death_fails_requests_and_restarts_it_then_exits_after_the_last_retry(
+    served_model,
+):
     import os
     import signal
+    import time
+
+    from tandem.frontend.engine_client import MAX_RESTARTS
 
     s = Server(served_model, api_key=None)
     with httpx.stream(
@@ -536,6 +544,14 @@ def test_engine_death_fails_requests_and_exits_nonzero(served_model):
         os.kill(s.engine_pid(), signal.SIGKILL)
         rest = list(lines)
     assert any("error" in ln for ln in rest)
+    for restart in range(1, MAX_RESTARTS + 1):
+        deadline = time.monotonic() + 120
+        while s.get("/health").json() != {"status": "ok", "engine_restarts": restart}:
+            assert time.monotonic() < deadline, "the engine was not restarted"
+            time.sleep(0.2)
+        if restart < MAX_RESTARTS:
+            os.kill(s.engine_pid(), signal.SIGKILL)
+    os.kill(s.engine_pid(), signal.SIGKILL)  # one death more than the server retries
     assert s.proc.wait(60) != 0
 
 

@@ -26,8 +26,8 @@ def tokenizer(tiny_model_dir) -> Tokenizer:
 
 
 def make_engine(tokenizer: Tokenizer, overlap: bool, **cfg) -> tuple[Engine, FakeRunner]:
-    runner = FakeRunner(words=words_for(VOCAB))
     config = SchedulerConfig(**{"max_num_seqs": 8, "max_model_len": 1024, **cfg})
+    runner = FakeRunner(config.num_pages, config.page_size, words=words_for(VOCAB))
     engine = Engine(
         runner,
         config,
@@ -111,7 +111,7 @@ def test_unconstrained_rows_are_unchanged_by_constrained_batchmates(tokenizer):
 def test_small_kv_budget_retracts_and_resumes_grammar_state(tokenizer):
     """Retraction re-prefills prompt + output; the matcher keeps its state (no re-consume)."""
     specs, outputs, reasons, _, engine = run_mixed(
-        tokenizer, True, seed=4, n=30, kv_budget_tokens=400, capacity_chunk=16, row_chunk=1
+        tokenizer, True, seed=4, n=30, kv_budget_tokens=21 * 16
     )
     for _, rid, _, _, case in specs:
         if case is not None and (case.bounded or reasons[rid] == "stop"):

@@ -27,8 +27,8 @@ def expected_tokens(seed: int, prompt: list[int], params: SamplingParams) -> tup
 
 
 def make_engine(overlap: bool, **cfg) -> tuple[Engine, FakeRunner]:
-    runner = FakeRunner()
     config = SchedulerConfig(**{"max_num_seqs": 8, "max_model_len": 512, **cfg})
+    runner = FakeRunner(config.num_pages, config.page_size)
     engine = Engine(runner, config, eos_token_ids=[EOS], overlap=overlap, check_invariants=True)
     return engine, runner
 
@@ -89,8 +89,8 @@ def run_random_schedule(
             assert (tokens[rid], reasons[rid]) == (want, reason), rid
     sched = engine.scheduler
     assert not sched.running and not sched.waiting
-    assert sched.rows.num_free + len(sched.rows.cached) == sched.rows.num_rows
-    assert set(sched.tree.row_tail) == sched.rows.cached
+    assert sched.kv.num_held == 0
+    sched.kv.alloc.check()
     return tokens, reasons, engine
 
 
@@ -109,41 +109,35 @@ def test_random_schedules_give_exact_tokens_and_keep_invariants(seed, prefix_cac
     if prefix_cache:
         assert stats.hit_tokens > 0
     else:
-        assert stats.hit_tokens == 0 and not on[2].scheduler.tree.row_tail
+        assert stats.hit_tokens == 0 and on[2].scheduler.kv.tree is None
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_tiny_pool_evicts_and_retracts_hundreds_of_requests_exactly(overlap):
-    """A pool of a few small rows for 300 requests with shared prefixes: cached rows are
-    evicted all the time, hits are served in place and by copy, and every token is exact."""
+    """Ten pages of 16 for 300 requests with shared prefixes: cached pages are evicted all
+    the time, decodes run out of pages and retract, hits share pages, and every token is
+    exact."""
     tokens, _, engine = run_random_schedule(
         overlap,
         5,
         num_requests=300,
         max_num_seqs=6,
-        capacity_chunk=16,
-        row_chunk=1,
-        kv_budget_tokens=8 * 16 * 4,
+        kv_budget_tokens=10 * 16,
         max_model_len=120,
         max_prompt=30,
     )
-    stats = engine.scheduler.stats
-    assert stats.evictions > 50 and stats.hit_tokens > 0
-    assert stats.copied_tokens > 0 and stats.copied_tokens < stats.hit_tokens
+    sched = engine.scheduler
+    assert sched.kv.evicted_pages > 50 and sched.stats.hit_tokens > 0
+    assert sched.stats.retractions > 0
 
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("prefix_cache", [True, False])
-def test_growth_past_the_budget_retracts_and_resumes_exactly(overlap, prefix_cache):
-    """Four rows of 32 positions fit the budget; as the requests grow the pool can hold
-    fewer rows, so the top ones are retracted, resumed later, and still give exact tokens."""
-    engine, _ = make_engine(
-        overlap,
-        capacity_chunk=16,
-        row_chunk=1,
-        kv_budget_tokens=4 * 32,
-        prefix_cache=prefix_cache,
-    )
+def test_decodes_outgrowing_the_pool_retract_and_resume_exactly(overlap, prefix_cache):
+    """Four requests of 68 tokens need 20 pages; the pool has 12. All four start (their
+    prompts fit), then the decodes' page demand retracts the latest admitted, which resume
+    later and still give exact tokens."""
+    engine, _ = make_engine(overlap, kv_budget_tokens=12 * 16, prefix_cache=prefix_cache)
     prompts = {f"r{i}": [i + 1] * 8 for i in range(4)}
     params = SamplingParams(max_tokens=60, ignore_eos=True)
     for rid, prompt in prompts.items():
@@ -162,8 +156,8 @@ def test_growth_past_the_budget_retracts_and_resumes_exactly(overlap, prefix_cac
 
 
 def test_request_that_can_never_fit_is_rejected_at_admission():
-    engine, _ = make_engine(True, capacity_chunk=16, row_chunk=1, kv_budget_tokens=64)
-    with pytest.raises(ValueError, match="KV budget"):
+    engine, _ = make_engine(True, kv_budget_tokens=64)
+    with pytest.raises(ValueError, match="KV pool"):
         engine.add_request([1] * 40, SamplingParams(max_tokens=30))
     engine.add_request([1] * 30, SamplingParams(max_tokens=30))
 
@@ -173,27 +167,85 @@ def test_small_token_budget_chunks_long_prompts_exactly():
     run_random_schedule(False, 7, max_num_batched_tokens=5)
 
 
-def test_kv_budget_bounds_admission():
-    tokens, _, engine = run_random_schedule(True, 11, kv_budget_tokens=2 * 256, row_chunk=1)
-    assert tokens
+class PeakRunner(FakeRunner):
+    """Records the most pages live requests held at any launch."""
+
+    peak: int = 0
+    sched = None
+
+    def launch(self, plan, parent, masks=None):
+        self.peak = max(self.peak, self.sched.kv.num_held)
+        return super().launch(plan, parent, masks)
 
 
-def test_chain_keeps_two_steps_in_flight_for_pure_decode():
+def test_the_pool_bounds_admission_and_is_used_to_the_full():
+    """24 pages for 8 sequences of up to ~70 tokens: the pool, not max_num_seqs, limits
+    what runs. Tokens stay exact (an over-committed page would corrupt them), pages held
+    never pass the pool, and the pool is really full at the peak."""
+    config = SchedulerConfig(max_num_seqs=8, max_model_len=512, kv_budget_tokens=24 * 16)
+    runner = PeakRunner(config.num_pages, config.page_size)
+    engine = Engine(runner, config, eos_token_ids=[EOS], check_invariants=True)
+    runner.sched = engine.scheduler
+    rng = random.Random(3)
+    specs = []
+    for i in range(40):
+        prompt = [rng.randrange(0, 900) for _ in range(rng.randint(20, 40))]
+        params = SamplingParams(max_tokens=rng.randint(10, 30), seed=i, ignore_eos=True)
+        specs.append((f"r{i}", prompt, params))
+        engine.add_request(prompt, params, f"r{i}")
+    got: dict[str, list[int]] = {rid: [] for rid, _, _ in specs}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None
+            got[out.request_id] += out.new_token_ids
+        engine.check_invariants()
+    for rid, prompt, params in specs:
+        assert got[rid] == expected_tokens(int(rid[1:]), prompt, params)[0], rid
+    assert 21 <= runner.peak <= 24
+
+
+def test_every_step_after_the_first_is_chained_and_advances_by_one():
     engine, runner = make_engine(True)
     for i in range(4):
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True, seed=i))
-    outs = []
     while engine.has_unfinished():
-        outs += engine.step()
-    chained = [p for p in runner.launched if p.chained]
-    assert len(chained) >= 15
-    # Every chained step advanced each live row by exactly one over its parent.
+        engine.step()
+    assert all(p.chained for p in runner.launched[1:])
+    # Each chained step's lazy segments continue right after the parent's.
     for prev, plan in zip(runner.launched, runner.launched[1:], strict=False):
-        if plan.chained:
-            assert plan.positions == tuple(
-                p + 1 if rid is not None else p
-                for p, rid in zip(prev.positions, prev.row_request_ids, strict=True)
-            )
+        ends = {s.request_id: s.end for s in prev.segments}
+        for seg in plan.segments:
+            assert seg.lazy and seg.start == ends[seg.request_id]
+            assert prev.sample_request_ids[seg.parent_row] == seg.request_id
+
+
+def test_arrivals_join_chained_steps_beside_lazy_decodes():
+    """Steady arrivals: new prompts' chunks ride in steps chained on the in-flight one,
+    next to decodes fed by its lazy tokens (no pipeline drain per arrival)."""
+    engine, runner = make_engine(True, max_num_batched_tokens=32)
+    want, got = {}, {}
+    for i in range(12):
+        prompt = [i + 1] * (5 + 7 * i)
+        params = SamplingParams(max_tokens=25, ignore_eos=True, seed=i)
+        engine.add_request(prompt, params, f"a{i}")
+        want[f"a{i}"], got[f"a{i}"] = expected_tokens(i, prompt, params)[0], []
+        for _ in range(3):
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+            engine.check_invariants()
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    mixed = [
+        p
+        for p in runner.launched
+        if p.chained
+        and any(s.lazy for s in p.segments)
+        and any(s.num_tokens > 1 for s in p.segments)
+    ]
+    assert len(mixed) >= 10
+    assert sum(not p.chained for p in runner.launched) <= 2
+    assert got == want
 
 
 def test_no_step_is_wasted_past_max_tokens():
@@ -270,96 +322,30 @@ def test_prefill_chunks_shrink_while_streams_decode():
     engine, runner = make_engine(True, max_num_batched_tokens=64, prefill_chunk_while_decoding=8)
     engine.add_request([1] * 100, SamplingParams(max_tokens=40, ignore_eos=True), "a")
     engine.step()
-    first = [len(c.token_ids) for p in runner.launched for c in p.chunks]
-    assert first[0] == 64  # nothing decodes yet: the whole budget
+    assert runner.launched[0].segments[0].num_tokens == 64  # nothing decodes: whole budget
     while engine.scheduler.running["a"].status.name != "DECODE":
         engine.step()
     engine.add_request([2] * 100, SamplingParams(max_tokens=5, ignore_eos=True), "b")
     before = len(runner.launched)
     while engine.has_unfinished():
         engine.step()
-    later = [len(c.token_ids) for p in runner.launched[before:] for c in p.chunks]
-    assert later and max(later) <= 8 and sum(later) == 99
+    later = [
+        s.num_tokens
+        for p in runner.launched[before:]
+        for s in p.segments
+        if s.request_id == "b" and s.start < 100
+    ]
+    assert later and max(later) <= 8 and sum(later) == 100
 
 
-def test_copy_source_is_not_evicted_by_a_later_admission_in_the_same_step():
-    """A hits a cached row (copied: it sits above the batch); B's admission then needs a
-    bigger capacity and evicts top cached rows, which must not include A's copy source."""
-    engine, _ = make_engine(
-        False,
-        max_num_seqs=4,
-        num_rows=4,
-        max_model_len=64,
-        capacity_chunk=16,
-        row_chunk=1,
-        kv_budget_tokens=160,
-    )
-    prompts = {i: [10 * i + 1, 10 * i + 2, 10 * i + 3, 10 * i + 4] for i in range(4)}
-    for i, p in prompts.items():
-        engine.add_request(p, SamplingParams(max_tokens=2, ignore_eos=True, seed=i), f"w{i}")
-    while engine.has_unfinished():
-        engine.step()
-    a = prompts[3] + [500, 501]
-    b = list(range(100, 130))
-    engine.add_request(a, SamplingParams(max_tokens=2, ignore_eos=True, seed=9), "A")
-    engine.add_request(b, SamplingParams(max_tokens=10, ignore_eos=True, seed=8), "B")
-    got: dict[str, list[int]] = {"A": [], "B": []}
-    while engine.has_unfinished():
-        for out in engine.step():
-            got[out.request_id] += out.new_token_ids
-        engine.check_invariants()
-    assert got["A"] == expected_tokens(9, a, SamplingParams(max_tokens=2))[0]
-    assert got["B"] == expected_tokens(8, b, SamplingParams(max_tokens=10))[0]
-
-
-def test_a_queue_blocked_on_rows_does_not_break_chains():
+def test_a_queue_blocked_on_sequences_does_not_break_chains():
     engine, runner = make_engine(True, max_num_seqs=4)
     for i in range(5):
         engine.add_request([1, 2, i], SamplingParams(max_tokens=40, ignore_eos=True, seed=i))
     for _ in range(30):
         engine.step()
-    assert len(engine.scheduler.waiting) == 1  # the fifth waits for a row...
+    assert len(engine.scheduler.waiting) == 1  # the fifth waits for a slot...
     assert sum(p.chained for p in runner.launched[-20:]) >= 15  # ...without stopping chains
-    while engine.has_unfinished():
-        engine.step()
-        engine.check_invariants()
-
-
-def test_a_cached_row_at_full_capacity_inside_the_batch_does_not_stop_chains():
-    engine, runner = make_engine(True, max_num_seqs=4, capacity_chunk=16, row_chunk=1)
-    # Q fills its whole capacity and leaves a cached row at length capacity - 1 at row 0.
-    engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=8, ignore_eos=True), "q")
-    engine.add_request([7, 7], SamplingParams(max_tokens=12, ignore_eos=True), "b")
-    while "q" in engine.scheduler.running:
-        engine.step()
-    before = len(runner.launched)
-    while engine.has_unfinished():
-        engine.step()
-    assert sum(p.chained for p in runner.launched[before:]) >= 2
-
-
-def test_cached_row_in_the_way_is_evicted_when_moving_it_would_overflow_the_budget():
-    engine, _ = make_engine(
-        True,
-        max_num_seqs=4,
-        num_rows=8,
-        max_model_len=128,
-        capacity_chunk=16,
-        row_chunk=1,
-        kv_budget_tokens=3 * 128,
-    )
-    engine.add_request([1] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "A")
-    engine.add_request([2] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "X")
-    engine.add_request([3] * 100, SamplingParams(max_tokens=20, ignore_eos=True), "B")
-    sched = engine.scheduler
-    for _ in range(6):
-        engine.step()
-    assert sched.rows.cached == {0, 1} and sched.running["B"].row == 2
-    engine.add_request([4] * 8, SamplingParams(max_tokens=3, ignore_eos=True), "N")
-    engine.step()
-    engine.step()
-    assert all(r.request_id != "N" for r in sched.waiting)  # not stuck behind B
-    assert "B" in sched.running
     while engine.has_unfinished():
         engine.step()
         engine.check_invariants()

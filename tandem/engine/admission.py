@@ -1,0 +1,82 @@
+"""Admission: which queued requests start now, and with which pages.
+
+A request is admitted when a sequence slot is free (``max_num_seqs``) and the pool can give
+pages for every token it already has (its prompt, plus its output if it was retracted) beyond
+its prefix-cache hit, while keeping a reserve for the next token of every running decode.
+Pages for later output tokens come one at a time as a request reaches them (the scheduler
+retracts when they run out). Admission is FIFO: the head of the queue blocks the rest.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from tandem.engine.kv_manager import KVManager
+from tandem.engine.request import Request, RequestStatus
+
+# A request that shares this many more tokens with one admitted in the same step than the
+# cache holds waits one step: then the other's prompt is in flight and cached, and it hits.
+SHARED_PREFIX_WAIT = 256
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Admission:
+    def __init__(self, kv: KVManager, max_num_seqs: int, prefix_cache: bool, stats) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.prefix_cache = prefix_cache
+        self.stats = stats  # the scheduler's CacheStats: queried and hit tokens
+        self.blocked = False  # the head waits for pages (a release or retraction unblocks)
+
+    def admit(
+        self,
+        waiting: deque[Request],
+        num_running: int,
+        reserve: int,
+        leader_prefilling: Callable[[Request], bool],
+    ) -> list[Request]:
+        """Pop the requests that start now from the head of ``waiting``; each comes back in
+        PREFILL with its page table and ``num_computed`` at its cache hit."""
+        kv = self.kv
+        admitted: list[Request] = []
+        self.blocked = False
+        while waiting and num_running + len(admitted) < self.max_num_seqs:
+            req = waiting[0]
+            if self.prefix_cache and leader_prefilling(req):
+                break  # its prompt's KV is about to be in the cache
+            tokens = req.token_ids()
+            # Prompt log-probabilities need every prompt position computed: no reuse. The
+            # last known token is always computed (its logits give the next token).
+            reuse = self.prefix_cache and req.params.prompt_logprobs is None
+            hit_pages = kv.match(tokens, len(tokens) - 1) if reuse else []
+            hit = len(hit_pages) * kv.page_size
+            if reuse and any(
+                _common_prefix(tokens, other.token_ids()) >= hit + SHARED_PREFIX_WAIT
+                for other in admitted
+            ):
+                kv.release(hit_pages)
+                break
+            need = kv.pages_for(len(tokens)) - len(hit_pages)
+            if need + reserve > kv.available():
+                kv.release(hit_pages)
+                self.blocked = True
+                break
+            waiting.popleft()
+            if req.num_retractions == 0:
+                self.stats.queried_tokens += req.num_prompt_tokens
+                self.stats.hit_tokens += hit
+            if not req.cache_reported:  # what the client will be told: this admission's hit
+                req.num_cached_tokens = hit
+            req.pages = hit_pages + kv.allocate(need)
+            req.num_computed = hit
+            req.status = RequestStatus.PREFILL
+            admitted.append(req)
+        return admitted

@@ -1,0 +1,172 @@
+"""The prefix cache: a radix tree over whole pages of token ids whose nodes reference KV pages.
+
+An edge holds ``k * page_size`` tokens and their ``k`` pages; the tree holds one reference on
+each page it lists. A hit shares those pages with the new request (its page table takes a
+reference: zero copy), also while the request that wrote them is still running. Only whole
+pages are cached and shared: a prompt's partially filled last page is recomputed (at most
+``page_size - 1`` tokens), never copied.
+
+A page whose only reference is the tree's is *cached*; a leaf all of whose pages are cached is
+evictable (least recently used first). Pages a live request holds are locked by its reference.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from tandem.engine.pages import PageAllocator
+
+_clock = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: tuple[int, ...] = ()
+    pages: list[int] = field(default_factory=list)
+    parent: Node | None = None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    last_access: int = 0
+
+
+class PrefixCache:
+    def __init__(self, allocator: PageAllocator, page_size: int) -> None:
+        self.alloc = allocator
+        self.page_size = page_size
+        self.root = Node()
+        self.num_pages = 0  # pages the tree references
+
+    def _key(self, tokens: tuple[int, ...] | list[int], i: int) -> tuple[int, ...]:
+        return tuple(tokens[i : i + self.page_size])
+
+    def match(self, tokens: list[int], limit: int) -> list[int]:
+        """The cached pages of the longest whole-page prefix of ``tokens[:limit]``; marks the
+        path recently used. Splits an edge where the match ends inside it."""
+        p = self.page_size
+        node, pos, pages = self.root, 0, []
+        stamp = next(_clock)
+        while pos + p <= limit:
+            child = node.children.get(self._key(tokens, pos))
+            if child is None:
+                break
+            n = 1  # whole pages of the edge that match (the first one did, by its key)
+            edge_pages = len(child.pages)
+            while (
+                n < edge_pages
+                and pos + (n + 1) * p <= limit
+                and child.tokens[n * p : (n + 1) * p]
+                == tuple(tokens[pos + n * p : pos + (n + 1) * p])
+            ):
+                n += 1
+            if n < edge_pages:
+                child = self._split(child, n)
+            child.last_access = stamp
+            pages += child.pages
+            pos += n * p
+            node = child
+        return pages
+
+    def _split(self, child: Node, n: int) -> Node:
+        """Cut ``child``'s edge after ``n`` pages; returns the upper half."""
+        p = self.page_size
+        parent = child.parent
+        assert parent is not None
+        upper = Node(child.tokens[: n * p], child.pages[:n], parent, {}, child.last_access)
+        parent.children[self._key(upper.tokens, 0)] = upper
+        child.tokens, child.pages, child.parent = child.tokens[n * p :], child.pages[n:], upper
+        upper.children[self._key(child.tokens, 0)] = child
+        return upper
+
+    def insert(
+        self, tokens: list[int] | tuple[int, ...], pages: list[int] | tuple[int, ...]
+    ) -> list[int]:
+        """Cache whole pages: ``tokens`` (len(pages) * page_size of them) whose KV is in
+        ``pages``, held by the caller. Where the tree already has other pages for the same
+        tokens it keeps its own (KV depends only on the tokens up to a position, so chains
+        may mix writers) and the caller's copy dies with the caller. Returns those pages of
+        the tree's on the path that the caller does not hold: it must lock them while it
+        lives, so a page the tree caches never sits above one a live request holds."""
+        p = self.page_size
+        assert len(tokens) == len(pages) * p
+        node, pos, foreign = self.root, 0, []
+        stamp = next(_clock)
+        while pos < len(tokens):
+            key = self._key(tokens, pos)
+            child = node.children.get(key)
+            if child is None:
+                new = Node(tuple(tokens[pos:]), list(pages[pos // p :]), node, {}, stamp)
+                node.children[key] = new
+                self.alloc.tree_ref(new.pages)
+                self.num_pages += len(new.pages)
+                break
+            n = 1
+            while (
+                n < len(child.pages)
+                and pos + (n + 1) * p <= len(tokens)
+                and child.tokens[n * p : (n + 1) * p]
+                == tuple(tokens[pos + n * p : pos + (n + 1) * p])
+            ):
+                n += 1
+            if n < len(child.pages):
+                child = self._split(child, n)
+            child.last_access = stamp
+            base = pos // p
+            foreign += [pg for i, pg in enumerate(child.pages) if pg != pages[base + i]]
+            pos += n * p
+            node = child
+        return foreign
+
+    def evict(self, want: int) -> int:
+        """Free at least ``want`` pages (fewer if the tree cannot), least recently used
+        unlocked leaves first; returns the pages freed."""
+        heap = [(n.last_access, id(n), n) for n in self._nodes() if self._evictable_leaf(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < want:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._key(node.tokens, 0)]
+            self.num_pages -= len(node.pages)
+            freed += self.alloc.tree_unref(node.pages)
+            if parent is not self.root and self._evictable_leaf(parent):
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    def _evictable_leaf(self, node: Node) -> bool:
+        return not node.children and all(self.alloc.refs[pg] == 1 for pg in node.pages)
+
+    def clear(self) -> None:
+        for node in self._nodes():
+            self.alloc.tree_unref(node.pages)
+        self.root = Node()
+        self.num_pages = 0
+
+    def _nodes(self) -> list[Node]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def page_refs(self) -> dict[int, int]:
+        """How many times the tree references each page (at most once when consistent)."""
+        refs: dict[int, int] = {}
+        for n in self._nodes():
+            for pg in n.pages:
+                refs[pg] = refs.get(pg, 0) + 1
+        return refs
+
+    def check(self) -> None:
+        p = self.page_size
+        total = 0
+        for n in self._nodes():
+            assert n.parent is not None and n.parent.children.get(self._key(n.tokens, 0)) is n
+            assert n.pages and len(n.tokens) == len(n.pages) * p, "edge is not whole pages"
+            total += len(n.pages)
+        assert total == self.num_pages, "tree page count out of sync"
+        refs = self.page_refs()
+        assert all(c == 1 for c in refs.values()), "the tree lists a page twice"
+        assert set(refs) == {pg for pg, t in enumerate(self.alloc.in_tree) if t}
