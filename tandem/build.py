@@ -44,6 +44,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         model_type=model_type,
         overlap=config.overlap,
         double_buffer=config.kv_double_buffer,
+        decode_kernel=config.kv_decode_kernel,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)

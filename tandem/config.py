@@ -22,6 +22,9 @@ class EngineConfig:
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
     # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
+    # The device's paged decode kernel (None: where it exists and passes its self-check;
+    # False: the pure-MLX gather path everywhere).
+    kv_decode_kernel: bool | None = None
     prefix_cache: bool = True
     check_invariants: bool = False
     seed: int | None = None

@@ -22,6 +22,7 @@ from types import ModuleType
 import mlx.core as mx
 import mlx.nn as nn
 
+from tandem.runner import kernels
 from tandem.runner.paged import PagedCache, StepContext
 
 SEAM = "scaled_dot_product_attention"
@@ -54,8 +55,7 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
         return fn(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
     if sinks is not None:
         raise ValueError("attention sinks are not supported by paged attention yet")
-    k_pool, v_pool = cache.state
-    return gather_attention(cache.ctx, queries, keys, values, k_pool, v_pool, scale)
+    return gather_attention(cache.ctx, queries, keys, values, cache.state, scale)
 
 
 def gather_attention(
@@ -63,18 +63,27 @@ def gather_attention(
     queries: mx.array,
     keys: mx.array,
     values: mx.array,
-    k_pool: mx.array,
-    v_pool: mx.array,
+    pool: mx.array,
     scale: float,
 ) -> mx.array:
-    """The pure-MLX path (and the oracle of every kernel): ``queries`` (T, H, 1, D), the
-    step's fresh ``keys``/``values`` (T, Hkv, 1, D), the layer's pool (S, Hkv, D) already
-    holding them. Returns (T, H, 1, D)."""
+    """``queries`` (T, H, 1, D), the step's fresh ``keys``/``values`` (T, Hkv, 1, D), the
+    layer's pool (slots, 2 Hkv, D: K then V) already holding them. Returns (T, H, 1, D).
+    Without the kernel this is the pure-MLX path, and the oracle of every kernel."""
+    hkv = keys.shape[1]
+    p = ctx.pool.page_size
+    pages = pool.reshape(pool.shape[0] // p, -1)  # whole pages: contiguous gathers
     outs = []
     for g in ctx.decodes:
-        q = queries[g.rows]  # (B, H, 1, D)
-        k = k_pool[g.slots].transpose(0, 2, 1, 3)  # (B, Hkv, L, D)
-        v = v_pool[g.slots].transpose(0, 2, 1, 3)
+        q = g.queries(queries)  # (B, H, 1, D)
+        if ctx.kernel:
+            o = kernels.paged_decode(q[:, :, 0, :], pool, g.tables, g.lengths, scale, p)
+            outs.append(o[:, :, None, :])
+            continue
+        b = g.tables.shape[0]
+        x = pages[g.tables].reshape(b, -1, 2 * hkv, pool.shape[-1])[:, : g.longest]
+        # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
+        k = mx.contiguous(x[:, :, :hkv].transpose(0, 2, 1, 3))  # (B, Hkv, L, D)
+        v = mx.contiguous(x[:, :, hkv:].transpose(0, 2, 1, 3))
         outs.append(mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask))
     for c in ctx.chunks:
         q = queries[c.first : c.first + c.n, :, 0, :].transpose(1, 0, 2)[None]  # (1, H, n, D)
@@ -82,8 +91,10 @@ def gather_attention(
             k = keys[c.first : c.first + c.n, :, 0, :]
             v = values[c.first : c.first + c.n, :, 0, :]
         else:
-            k, v = k_pool[c.slots], v_pool[c.slots]  # (L, Hkv, D)
-        k, v = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]
+            x = pool[c.slots]  # (L, 2 Hkv, D)
+            k, v = x[:, :hkv], x[:, hkv:]
+        k = mx.contiguous(k.transpose(1, 0, 2)[None])
+        v = mx.contiguous(v.transpose(1, 0, 2)[None])
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
         outs.append(o[0].transpose(1, 0, 2)[:, :, None, :])  # (n, H, 1, D)
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)

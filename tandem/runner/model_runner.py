@@ -12,7 +12,7 @@ import numpy as np
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
-from tandem.runner import attention
+from tandem.runner import attention, kernels
 from tandem.runner.paged import KVShape, PagedCache, PagePool, StepContext
 from tandem.runner.sampler import (
     SamplingArrays,
@@ -147,6 +147,7 @@ class ModelRunner:
         model_type: str = "",
         overlap: bool = True,
         double_buffer: bool | None = None,
+        decode_kernel: bool | None = None,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
@@ -160,9 +161,17 @@ class ModelRunner:
         attention.install(model)
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
+        # The device's paged decode kernel where it exists and agrees with the gather path
+        # (the CPU backend always gathers). None: decided when the pool is allocated.
+        self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
         self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
+
+    @property
+    def num_heads(self) -> int | None:
+        args = getattr(self.model, "args", None)
+        return getattr(args, "num_attention_heads", None)
 
     @property
     def bytes_per_token(self) -> int:
@@ -174,6 +183,12 @@ class ModelRunner:
             self.pool = PagePool(
                 self.kv_shape, num_pages, page_size, double_buffer=self.double_buffer
             )
+            if self.decode_kernel is None:
+                s = self.kv_shape
+                heads = self.num_heads
+                self.decode_kernel = heads is not None and kernels.available(
+                    s.head_dim, heads, s.num_kv_heads, s.dtype
+                )
 
     def reset(self) -> None:
         """After a failure: drop every in-flight step's arrays and recreate the pool."""
@@ -188,7 +203,7 @@ class ModelRunner:
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
             pool.begin_step()
-            ctx = StepContext(plan, pool)
+            ctx = StepContext(plan, pool, kernel=bool(self.decode_kernel))
             inputs = self._inputs(plan, parent)
             sample_idx, prompt_rows = [], []
             t = 0

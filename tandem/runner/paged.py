@@ -1,7 +1,7 @@
 """The paged KV pool and the per-step context every layer shares.
 
 Per layer, K and V live in one buffer of ``num_pages * page_size`` slots shaped
-``(slots, kv_heads, head_dim)``, allocated once at start; slot ``page * page_size + i`` holds
+``(slots, 2 * kv_heads, head_dim)``, allocated once at start; slot ``page * page_size + i`` holds
 position ``i`` of whatever page ``page`` stands for in a request's page table. A step writes its
 new tokens' K/V with one scatter per layer, at slots computed once per step.
 
@@ -40,7 +40,11 @@ class KVShape:
 
 
 class PagePool:
-    """Owns the per-layer buffers. Pages are assigned by the scheduler, not here."""
+    """Owns the per-layer buffers. Pages are assigned by the scheduler, not here.
+
+    One buffer per layer holds both K and V: ``(slots, 2 * kv_heads, head_dim)``, K in the
+    first ``kv_heads`` rows of a slot and V in the rest, so a step writes each layer with one
+    scatter (on the CPU backend a scatter's fixed cost dominated four small ones)."""
 
     def __init__(
         self, shape: KVShape, num_pages: int, page_size: int, *, double_buffer: bool
@@ -49,10 +53,13 @@ class PagePool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_sets = 2 if double_buffer else 1
-        self.sets: list[tuple[list[mx.array], list[mx.array]]] = []
+        self.sets: list[list[mx.array]] = []
         self.current = 0
-        # Writes the other set still has to replay: (slots, keys, values) per layer.
-        self._lag: list[list[tuple[mx.array, mx.array, mx.array]]] = []
+        # The writes of the previous step, which the other set replays together with its
+        # own step's writes: (slots, K/V entries per layer).
+        self._lag: tuple[mx.array, list[mx.array]] | None = None
+        self._step_slots: mx.array | None = None
+        self._step_vals: list[mx.array] = []
         self.reset()
 
     @property
@@ -69,56 +76,79 @@ class PagePool:
         mx.clear_cache()
         s = self.shape
         for _ in range(self.num_sets):
-            keys, values = [], []
+            bufs = []
             for _ in range(s.num_layers):
-                for store in (keys, values):
-                    buf = mx.zeros((self.num_slots, s.num_kv_heads, s.head_dim), dtype=s.dtype)
-                    mx.eval(buf)
-                    store.append(buf)
-            self.sets.append((keys, values))
+                buf = mx.zeros((self.num_slots, 2 * s.num_kv_heads, s.head_dim), dtype=s.dtype)
+                mx.eval(buf)
+                bufs.append(buf)
+            self.sets.append(bufs)
         self.current = 0
-        self._lag = [[] for _ in range(s.num_layers)]
+        self._lag = None
+        self._step_slots, self._step_vals = None, []
 
     def begin_step(self) -> None:
-        """Switch to the other buffer set and replay the writes it missed."""
+        """Switch to the other buffer set; it owes the previous step's writes."""
         if self.num_sets == 1:
             return
+        self._lag = (self._step_slots, self._step_vals) if self._step_slots is not None else None
+        self._step_slots, self._step_vals = None, []
         self.current ^= 1
-        keys, values = self.sets[self.current]
-        for layer, writes in enumerate(self._lag):
-            for slots, k, v in writes:
-                keys[layer][slots] = k
-                values[layer][slots] = v
-        self._lag = [[] for _ in range(self.shape.num_layers)]
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter (N, kv_heads, D) entries at ``slots`` (N,) of the current set."""
-        k_buf, v_buf = self.sets[self.current][0], self.sets[self.current][1]
-        k_buf[layer][slots] = keys
-        v_buf[layer][slots] = values
+        """Scatter (N, kv_heads, D) keys and values at ``slots`` (N,) of the current set, with
+        the writes it missed (the previous step's, which never share a slot with this one's:
+        pages are reused only after every step listing them is finalized)."""
+        vals = mx.concatenate([keys, values], axis=1)
+        buf = self.sets[self.current]
         if self.num_sets > 1:
-            self._lag[layer].append((slots, keys, values))
+            if layer == 0:
+                self._step_slots = slots
+            self._step_vals.append(vals)
+            if self._lag is not None:
+                lag_slots, lag_vals = self._lag
+                if layer == 0:
+                    self._merged = mx.concatenate([lag_slots, slots])
+                buf[layer][self._merged] = mx.concatenate([lag_vals[layer], vals])
+                return
+        buf[layer][slots] = vals
 
-    def layer(self, layer: int) -> tuple[mx.array, mx.array]:
-        keys, values = self.sets[self.current]
-        return keys[layer], values[layer]
+    def layer(self, layer: int) -> mx.array:
+        return self.sets[self.current][layer]
 
     def arrays(self) -> list[mx.array]:
-        keys, values = self.sets[self.current]
-        return keys + values
+        return list(self.sets[self.current])
 
 
 MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
 
 
-@dataclass
 class DecodeGroup:
-    """Single-token segments attended together: queries at ``rows`` over their slots padded
-    to the group's longest (masked past each one's length)."""
+    """Single-token segments attended together: queries at ``rows`` over their own pages
+    (``tables``, padded with page 0) up to ``lengths``."""
 
-    rows: mx.array  # (B,) token indices in the step
-    slots: mx.array  # (B, L)
-    mask: mx.array | None  # (B, 1, 1, L) bool, None when every length is L
+    def __init__(self, rows: list[int], tables: np.ndarray, lengths: list[int], page: int):
+        self.rows = mx.array(rows, dtype=mx.int32)
+        self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        self.first = rows[0]
+        self.tables = mx.array(tables)
+        self.lengths = mx.array(lengths, dtype=mx.int32)
+        self.longest = max(lengths)
+        self.uniform = min(lengths) == self.longest
+        self.page = page
+        self._mask: mx.array | None = None
+
+    @property
+    def mask(self) -> mx.array | None:
+        """(B, 1, 1, longest) bool, None when every length is the longest."""
+        if self._mask is None and not self.uniform:
+            cols = mx.arange(self.longest, dtype=mx.int32)[None]
+            self._mask = (cols < self.lengths[:, None])[:, None, None, :]
+        return self._mask
+
+    def queries(self, queries: mx.array) -> mx.array:
+        if self.contiguous:
+            return queries[self.first : self.first + self.rows.shape[0]]
+        return queries[self.rows]
 
 
 @dataclass
@@ -150,15 +180,19 @@ def group_decodes(lengths: list[int]) -> list[list[int]]:
 
 
 class StepContext:
-    """Everything about a step's layout that every layer shares, built once from the plan."""
+    """Everything about a step's layout that every layer shares, built once from the plan.
+    ``kernel``: decodes go to the paged decode kernel (one group, any lengths); otherwise
+    they are grouped by length for the gather path."""
 
-    def __init__(self, plan: StepPlan, pool: PagePool) -> None:
+    def __init__(self, plan: StepPlan, pool: PagePool, *, kernel: bool = False) -> None:
         self.pool = pool
+        self.kernel = kernel
         p = pool.page_size
         positions: list[int] = []
         write_slots: list[int] = []
         decode_idx: list[int] = []  # token index of each single-token segment
-        decode_slots: list[np.ndarray] = []
+        decode_lengths: list[int] = []
+        decode_pages: list[tuple[int, ...]] = []
         self.chunks: list[ChunkItem] = []
         order: list[int] = []  # token indices in the order attention outputs come
         t = 0
@@ -169,7 +203,8 @@ class StepContext:
             write_slots.extend(slots[seg.start : seg.end].tolist())
             if seg.num_tokens == 1:
                 decode_idx.append(t)
-                decode_slots.append(slots[: seg.end])
+                decode_lengths.append(seg.end)
+                decode_pages.append(seg.pages)
             else:
                 kv = None if seg.start == 0 else mx.array(slots[: seg.end])
                 self.chunks.append(ChunkItem(t, seg.num_tokens, kv))
@@ -178,19 +213,18 @@ class StepContext:
         self.positions = mx.array(positions, dtype=mx.int32)
         self.write_slots = mx.array(write_slots, dtype=mx.int32)
         self.decodes: list[DecodeGroup] = []
-        for group in group_decodes([len(s) for s in decode_slots]):
-            lengths = [len(decode_slots[i]) for i in group]
-            longest = lengths[0]
-            padded = np.zeros((len(group), longest), dtype=np.int32)
-            for j, i in enumerate(group):
-                padded[j, : lengths[j]] = decode_slots[i]
-            mask = None
-            if lengths[-1] != longest:
-                cols = np.arange(longest)[None]
-                mask = mx.array((cols < np.asarray(lengths)[:, None])[:, None, None, :])
-            rows = [decode_idx[i] for i in group]
-            order += rows
-            self.decodes.append(DecodeGroup(mx.array(rows, dtype=mx.int32), mx.array(padded), mask))
+        if decode_idx:
+            groups = [list(range(len(decode_idx)))] if kernel else group_decodes(decode_lengths)
+            for group in groups:
+                lengths = [decode_lengths[i] for i in group]
+                width = -(-max(lengths) // p)
+                tables = np.zeros((len(group), width), dtype=np.int32)
+                for j, i in enumerate(group):
+                    used = decode_pages[i][: -(-lengths[j] // p)]
+                    tables[j, : len(used)] = used
+                rows = [decode_idx[i] for i in group]
+                order += rows
+                self.decodes.append(DecodeGroup(rows, tables, lengths, p))
         for c in self.chunks:
             order += range(c.first, c.first + c.n)
         # Attention outputs come group by group; this puts them back in token order.
@@ -225,5 +259,5 @@ class PagedCache:
         return None
 
     @property
-    def state(self) -> tuple[mx.array, mx.array]:
+    def state(self) -> mx.array:
         return self.ctx.pool.layer(self.layer)
