@@ -126,8 +126,9 @@ def write_path(dtype: mx.Dtype, pool_tokens: int, tokens: int, double: bool, ste
         if s == 3:
             mx.eval(pending)
             t0 = time.perf_counter()
-        pool.begin_step()
-        slots = mx.array(np.arange(tokens, dtype=np.int32) + (s * tokens) % (pool_tokens - tokens))
+        host = np.arange(tokens, dtype=np.int32) + (s * tokens) % (pool_tokens - tokens)
+        slots = mx.array(host)
+        pool.begin_step(host, slots)
         outs = []
         for layer in range(28):
             pool.write(layer, slots, new + s, new - s)

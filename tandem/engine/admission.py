@@ -69,13 +69,17 @@ class Admission:
                 kv.release(hit_pages)
                 self.blocked = True
                 break
+            try:  # before it leaves the queue
+                req.pages = hit_pages + kv.allocate(need)
+            except Exception:
+                kv.release(hit_pages)
+                raise
             waiting.popleft()
             if req.num_retractions == 0:
                 self.stats.queried_tokens += req.num_prompt_tokens
                 self.stats.hit_tokens += hit
             if not req.cache_reported:  # what the client will be told: this admission's hit
                 req.num_cached_tokens = hit
-            req.pages = hit_pages + kv.allocate(need)
             req.num_computed = hit
             req.status = RequestStatus.PREFILL
             admitted.append(req)

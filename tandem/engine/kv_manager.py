@@ -36,7 +36,7 @@ class KVManager:
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh pages, evicting cached ones if the free list is short. The caller has
-        checked ``available()``; MemoryError if it lied."""
+        checked ``available()``; PagesExhausted if it lied."""
         short = n - self.alloc.num_free
         if short > 0 and self.tree is not None:
             self.evicted_pages += self.tree.evict(short)

@@ -117,9 +117,9 @@ class OverlapLoop:
             return None
         self.num_steps += 1
         self.num_chained += parent is not None
+        self._failing = plan
         # A fresh step knows every constrained row's previous token; a chained one waits.
         masks = None if parent else self.scheduler.grammar_masks(plan, self.runner.words)
-        self._failing = plan
         handle = self.runner.launch(plan, parent.handle if parent else None, masks)
         self._failing = None
         return InFlightStep(plan, handle)

@@ -4,6 +4,10 @@ table lists it, plus the prefix cache if it references it)."""
 from __future__ import annotations
 
 
+class PagesExhausted(RuntimeError):
+    """More pages were asked for than are free: a scheduler bug, not a device OOM."""
+
+
 class PageAllocator:
     def __init__(self, num_pages: int) -> None:
         if num_pages < 1:
@@ -25,7 +29,7 @@ class PageAllocator:
 
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
-            raise MemoryError(f"{n} KV pages wanted, {len(self._free)} free")
+            raise PagesExhausted(f"{n} KV pages wanted, {len(self._free)} free")
         pages = [self._free.pop() for _ in range(n)]
         for p in pages:
             self.refs[p] = 1

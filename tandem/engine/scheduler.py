@@ -63,6 +63,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # holds pages (PREFILL, DECODE or FINISHED)
         self.max_step_tokens = config.max_num_batched_tokens  # shrinks after a device OOM
+        self._good_steps = 0  # steps finalized since the budget last shrank or grew back
         self._step_id = 0
         self._admitted = 0
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts, errors)
@@ -302,6 +303,7 @@ class Scheduler:
         out-of-memory error the step token budget halves, so the retry needs less."""
         failed = set(failed)
         self.stats.step_failures += 1
+        self._good_steps = 0
         if oom:
             self.stats.oom_recoveries += 1
             self.max_step_tokens = max(self.config.page_size, self.max_step_tokens // 2)
@@ -383,7 +385,20 @@ class Scheduler:
             req = self.running[rid]
             req.num_inflight -= 1
             self._maybe_release(req)
+        self._regrow_budget()
         return outputs
+
+    REGROW_AFTER = 64  # good steps before a shrunk step budget doubles back
+
+    def _regrow_budget(self) -> None:
+        """After an OOM the step budget halved; it doubles back (up to the configured one)
+        after every REGROW_AFTER steps without a failure."""
+        if self.max_step_tokens >= self.config.max_num_batched_tokens:
+            return
+        self._good_steps += 1
+        if self._good_steps >= self.REGROW_AFTER:
+            self._good_steps = 0
+            self.max_step_tokens = min(self.config.max_num_batched_tokens, 2 * self.max_step_tokens)
 
     def grammar_masks(self, plan: StepPlan, words: int) -> np.ndarray | None:
         """Allowed-token bitmasks (int32, ``words`` per row) of the plan's constrained rows,

@@ -43,6 +43,7 @@ class _Stream:
 
 
 MAX_RESTARTS = 3  # engine processes started after the first dies, before giving up
+SEND_TIMEOUT = 10.0  # seconds a command may wait for the engine's socket
 
 
 class EngineClient:
@@ -57,6 +58,11 @@ class EngineClient:
         self._fatal: str | None = None  # the reason a dying core sent
         self._ready = asyncio.Event()
         self._closing = False
+        self._paused = False
+        # Requests failed while their engine died: their "add" may still sit in the socket
+        # and reach the next engine, which is told to abort them as soon as it is ready.
+        self._orphans: set[str] = set()
+        self._start_timeout = 600.0
         self.info: dict[str, Any] = {}
         self.stats: dict[str, Any] = {"running": 0, "waiting": 0, "kv_usage": 0.0}
         self.dead: str | None = None
@@ -68,6 +74,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout: float = 600.0) -> None:
+        self._start_timeout = timeout
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.bind(self._to_core)
         self._pull = self._ctx.socket(zmq.PULL)
@@ -134,15 +141,13 @@ class EngineClient:
         """Token deltas of one request; abandoning the iterator aborts it in the engine."""
         if not self._ready.is_set() and self.dead is None:
             await self._ready.wait()  # a restarting engine: wait for the new process
-        if self.dead is not None:
-            raise EngineDeadError(self.dead)
+        if self.dead is not None or self._closing:
+            raise EngineDeadError(self.dead or "the server is shutting down")
         stream = _Stream()
         self._streams[request_id] = stream
         finished = False
         try:
-            await self._push.send(
-                pack(["add", request_id, prompt_ids, params_to_dict(params), follows])
-            )
+            await self._send(["add", request_id, prompt_ids, params_to_dict(params), follows])
             while True:
                 delta = await stream.queue.get()
                 if delta.finish_reason is not None:
@@ -153,17 +158,27 @@ class EngineClient:
         finally:
             self._streams.pop(request_id, None)
             if not finished and self.dead is None and self._ready.is_set():
-                with contextlib.suppress(zmq.ZMQError):
-                    await self._push.send(pack(["abort", request_id]))
+                with contextlib.suppress(zmq.ZMQError, EngineDeadError):
+                    await self._send(["abort", request_id])
+
+    async def _send(self, msg: list[Any]) -> None:
+        """Send a command; a socket with no engine behind it (dead, or restarting and not
+        connected yet) must not hang the caller."""
+        try:
+            await asyncio.wait_for(self._push.send(pack(msg)), SEND_TIMEOUT)
+        except TimeoutError:
+            raise EngineDeadError("the engine is not accepting commands") from None
 
     async def abort(self, request_id: str) -> None:
-        await self._push.send(pack(["abort", request_id]))
+        await self._send(["abort", request_id])
 
     async def pause(self) -> None:
-        await self._push.send(pack(["pause"]))
+        self._paused = True
+        await self._send(["pause"])
 
     async def resume(self) -> None:
-        await self._push.send(pack(["resume"]))
+        self._paused = False
+        await self._send(["resume"])
 
     async def _read_outputs(self) -> None:
         try:
@@ -181,6 +196,11 @@ class EngineClient:
                 continue
             if msg[0] == "ready":  # a restarted engine
                 self.info = msg[1]
+                orphans, self._orphans = self._orphans, set()
+                for rid in orphans:
+                    await self._send(["abort", rid])
+                if self._paused:
+                    await self._send(["pause"])
                 self._ready.set()
                 log.warning("engine restarted (%d of %d)", self.restarts, self.max_restarts)
                 continue
@@ -212,9 +232,17 @@ class EngineClient:
             self.restarts += 1
             log.error("%s; restarting it (%d of %d)", reason, self.restarts, self.max_restarts)
             self._spawn()
+            asyncio.get_running_loop().call_later(self._start_timeout, self._kill_if_not_ready)
+
+    def _kill_if_not_ready(self) -> None:
+        """A restarted engine that never becomes ready counts as another death."""
+        if not self._ready.is_set() and self._proc is not None and self._proc.is_alive():
+            self._fatal = "engine did not become ready in time"
+            self._proc.kill()
 
     def _fail_streams(self, reason: str) -> None:
-        for stream in self._streams.values():
+        for rid, stream in self._streams.items():
+            self._orphans.add(rid)
             stream.queue.put_nowait(Delta([], "error", reason, error_kind="internal"))
 
     def _die(self, reason: str) -> None:
@@ -229,11 +257,12 @@ class EngineClient:
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         self._closing = True
+        self._ready.set()  # wake requests waiting for a restart: they see the engine is gone
         for t in self._tasks:
             t.cancel()
         if self._proc is not None and self._proc.is_alive():
-            with contextlib.suppress(zmq.ZMQError):
-                await self._push.send(pack(["shutdown"]))
+            with contextlib.suppress(zmq.ZMQError, EngineDeadError):
+                await self._send(["shutdown"])
             await asyncio.get_running_loop().run_in_executor(None, self._proc.join, timeout)
             if self._proc.is_alive():
                 self._proc.kill()

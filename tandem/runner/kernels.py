@@ -47,7 +47,7 @@ _CUDA_SOURCE = """
         size_t base = (slot * 2 * HKV + hk) * D + lane * E;
         size_t vbase = base + (size_t)HKV * D;
         float s = 0.0f;
-        for (int e = 0; e < E; ++e) s += qv[e] * static_cast<float>(kkv_pool[vbase + e]);
+        for (int e = 0; e < E; ++e) s += qv[e] * static_cast<float>(kv_pool[base + e]);
         for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
         float mn = fmaxf(m, s);
         float c = __expf(m - mn);
@@ -102,7 +102,7 @@ _METAL_SOURCE = """
         size_t base = (slot * 2 * HKV + hk) * D + lane * E;
         size_t vbase = base + (size_t)HKV * D;
         float s = 0.0f;
-        for (int e = 0; e < E; ++e) s += qv[e] * float(kkv_pool[vbase + e]);
+        for (int e = 0; e < E; ++e) s += qv[e] * float(kv_pool[base + e]);
         s = simd_sum(s);
         float mn = max(m, s);
         float c = fast::exp(m - mn);

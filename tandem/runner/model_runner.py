@@ -103,9 +103,14 @@ class _SelectRows(nn.Module):
         self.inner = inner
         object.__setattr__(self, "_rows", None)
 
-    @property
-    def layers(self):
-        return self.inner.layers
+    def __getattr__(self, name: str):
+        # The outer model reaches into its body (tied embeddings: model.embed_tokens).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "inner":
+                raise
+            return getattr(self.inner, name)
 
     def select(self, rows: mx.array | None) -> None:
         object.__setattr__(self, "_rows", rows)
@@ -183,7 +188,7 @@ class ModelRunner:
             self.pool = PagePool(
                 self.kv_shape, num_pages, page_size, double_buffer=self.double_buffer
             )
-            if self.decode_kernel is None:
+            if self.decode_kernel is not False:
                 s = self.kv_shape
                 heads = self.num_heads
                 self.decode_kernel = heads is not None and kernels.available(
@@ -202,8 +207,8 @@ class ModelRunner:
         pool = self.pool
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
-            pool.begin_step()
             ctx = StepContext(plan, pool, kernel=bool(self.decode_kernel))
+            pool.begin_step(ctx.host_write_slots, ctx.write_slots)
             inputs = self._inputs(plan, parent)
             sample_idx, prompt_rows = [], []
             t = 0

@@ -55,11 +55,11 @@ class PagePool:
         self.num_sets = 2 if double_buffer else 1
         self.sets: list[list[mx.array]] = []
         self.current = 0
-        # The writes of the previous step, which the other set replays together with its
-        # own step's writes: (slots, K/V entries per layer).
+        # This step's writes (host slots, device slots, K/V entries per layer), which the
+        # other set replays next step, and the previous step's, merged into this one's.
+        self._step: tuple[np.ndarray, mx.array, list[mx.array]] | None = None
         self._lag: tuple[mx.array, list[mx.array]] | None = None
-        self._step_slots: mx.array | None = None
-        self._step_vals: list[mx.array] = []
+        self._keep: mx.array | None = None
         self.reset()
 
     @property
@@ -83,32 +83,39 @@ class PagePool:
                 bufs.append(buf)
             self.sets.append(bufs)
         self.current = 0
-        self._lag = None
-        self._step_slots, self._step_vals = None, []
+        self._step = self._lag = self._keep = None
 
-    def begin_step(self) -> None:
-        """Switch to the other buffer set; it owes the previous step's writes."""
+    def begin_step(self, slots: np.ndarray, device_slots: mx.array) -> None:
+        """Start a step that writes ``slots`` (host and device copies): switch to the other
+        buffer set, which owes the previous step's writes. Those are replayed with this
+        step's own, in one scatter per layer, except where this step overwrites the same slot
+        (a page freed and handed out again after a chain break): MLX leaves the order of
+        duplicate scatter indices undefined, so the stale entries are dropped."""
         if self.num_sets == 1:
             return
-        self._lag = (self._step_slots, self._step_vals) if self._step_slots is not None else None
-        self._step_slots, self._step_vals = None, []
         self.current ^= 1
+        lag, self._lag = self._step, None
+        self._step = (slots, device_slots, [])
+        self._keep = None
+        if lag is not None:
+            lag_host, lag_dev, lag_vals = lag
+            stale = np.isin(lag_host, slots)
+            if stale.any():
+                self._keep = mx.array(np.flatnonzero(~stale).astype(np.int32))
+                lag_dev = lag_dev[self._keep]
+            self._lag = (mx.concatenate([lag_dev, device_slots]), lag_vals)
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Scatter (N, kv_heads, D) keys and values at ``slots`` (N,) of the current set, with
-        the writes it missed (the previous step's, which never share a slot with this one's:
-        pages are reused only after every step listing them is finalized)."""
+        the previous step's writes the set missed."""
         vals = mx.concatenate([keys, values], axis=1)
         buf = self.sets[self.current]
         if self.num_sets > 1:
-            if layer == 0:
-                self._step_slots = slots
-            self._step_vals.append(vals)
+            self._step[2].append(vals)
             if self._lag is not None:
-                lag_slots, lag_vals = self._lag
-                if layer == 0:
-                    self._merged = mx.concatenate([lag_slots, slots])
-                buf[layer][self._merged] = mx.concatenate([lag_vals[layer], vals])
+                merged, lag_vals = self._lag
+                old = lag_vals[layer] if self._keep is None else lag_vals[layer][self._keep]
+                buf[layer][merged] = mx.concatenate([old, vals])
                 return
         buf[layer][slots] = vals
 
@@ -211,7 +218,8 @@ class StepContext:
             t += seg.num_tokens
         self.num_tokens = t
         self.positions = mx.array(positions, dtype=mx.int32)
-        self.write_slots = mx.array(write_slots, dtype=mx.int32)
+        self.host_write_slots = np.asarray(write_slots, dtype=np.int32)
+        self.write_slots = mx.array(self.host_write_slots)
         self.decodes: list[DecodeGroup] = []
         if decode_idx:
             groups = [list(range(len(decode_idx)))] if kernel else group_decodes(decode_lengths)

@@ -1,0 +1,72 @@
+"""The seam paged attention hooks: mlx-lm's models call ``scaled_dot_product_attention`` by
+name from their own module (imported from ``mlx_lm.models.base``)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from tandem.runner import attention
+from tandem.testing.tiny_models import ARCHITECTURES
+
+# Full-attention model types whose caches are all plain KVCache (what the runner accepts);
+# the tiny architectures are also token-exact in the parity tests.
+# ("mistral" is served by mlx-lm's llama module: its MODEL_REMAPPING.)
+FULL_ATTENTION = sorted({*ARCHITECTURES, "mistral", "qwen2_moe", "phi3", "granite", "olmo2"})
+
+
+@pytest.mark.parametrize("model_type", FULL_ATTENTION)
+def test_attention_seam_exists_for_every_supported_model_type(model_type):
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    name = MODEL_REMAPPING.get(model_type, model_type)
+    module = importlib.import_module(f"mlx_lm.models.{name}")
+    assert attention.has_seam(module), f"{model_type} has no {attention.SEAM}"
+    assert module.scaled_dot_product_attention is not None
+    assert f"{attention.SEAM}(" in inspect.getsource(module)
+
+
+def test_install_routes_only_paged_caches(tiny_model_dir):
+    from mlx_lm.utils import load
+
+    model = load(str(tiny_model_dir("qwen3")))[0]
+    attention.install(model)
+    module = attention.model_module(model)
+    assert module.scaled_dot_product_attention is attention.paged_sdpa
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    # Other caches (mlx-lm's own generation) still take mlx-lm's path.
+    tokens = [int(t) for t, _ in generate_step(mx.array([1, 2, 3]), model, max_tokens=3)]
+    assert len(tokens) == 3
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_lm_head_runs_only_on_the_rows_a_step_needs(tiny_model_dir, arch):
+    """Tied embeddings too: the body wrapper forwards the outer model's attribute reads."""
+    from mlx_lm.utils import load
+
+    from tandem.runner.model_runner import ModelRunner
+
+    runner = ModelRunner(load(str(tiny_model_dir(arch)))[0], model_type=arch)
+    assert runner.selector is not None
+
+
+def test_the_double_buffer_drops_replayed_writes_this_step_overwrites():
+    import mlx.core as mx
+    import numpy as np
+
+    from tandem.runner.paged import KVShape, PagePool
+
+    pool = PagePool(KVShape(1, 1, 4, mx.float32), 2, 4, double_buffer=True)
+    ones = mx.ones((2, 1, 4))
+    a = np.array([0, 1], dtype=np.int32)
+    pool.begin_step(a, mx.array(a))
+    pool.write(0, mx.array(a), ones, ones)  # set 1: slots 0, 1 = 1
+    b = np.array([1, 2], dtype=np.int32)
+    pool.begin_step(b, mx.array(b))  # set 0 owes slots 0, 1; this step rewrites slot 1
+    pool.write(0, mx.array(b), 2 * ones, 2 * ones)
+    k = np.array(pool.layer(0)[:, 0, 0])
+    assert k[:3].tolist() == [1.0, 2.0, 2.0]
