@@ -13,13 +13,14 @@ OUT=${OUT:-/tmp/h200_out}
 SHAPE=${SHAPE:-qwen3-0.6b}
 PARTS=${PARTS:-kernel,ragged,offline}
 REPEATS=${REPEATS:-2}
+KERNELS=${KERNELS:-true false}
 mkdir -p "$OUT"
 "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 if [[ $PARTS == *kernel* ]]; then
   timeout 150 "$PY" -m tandem.bench.paged_attention --json "$OUT/paged_attention.json"
 fi
 if [[ $PARTS == *ragged* ]]; then
-  for kern in true false; do
+  for kern in $KERNELS; do
     timeout 240 "$PY" -m tandem.bench.ragged --shape "$SHAPE" --dtype bfloat16 \
       --repeats "$REPEATS" --engine-options "{\"kv_decode_kernel\": $kern}" \
       --json "$OUT/ragged-$SHAPE-kernel_$kern.json" | tail -30

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.engine import invariants
+from tandem.engine import invariants, results
 from tandem.engine.admission import Admission
-from tandem.engine.grammar import Matcher, accept_all, fill_masks
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
@@ -98,13 +97,13 @@ class Scheduler:
         if request_id in self._waiting_ids:
             req = next(r for r in self.waiting if r.request_id == request_id)
             self._unqueue(req)
-            self._finish(req, "abort")
+            self.finish(req, "abort")
             return True
         req = self.running.get(request_id)
         if req is None or req.finished:
             return False
-        self._finish(req, "abort")
-        self._maybe_release(req)
+        self.finish(req, "abort")
+        self.maybe_release(req)
         return True
 
     def _unqueue(self, req: Request) -> None:
@@ -312,85 +311,28 @@ class Scheduler:
         for req in reversed(list(self.running.values())):
             req.num_inflight = req.num_pending_samples = 0
             if req.finished:
-                self._maybe_release(req, cache=False)
+                self.maybe_release(req, cache=False)
             elif req.request_id in failed:
                 self._fail(req, error or "step failed", "resource" if oom else "internal")
             else:
                 self._retract(req, cache=False)
 
     def _fail(self, req: Request, error: str, kind: str) -> None:
-        self._finish(req, "error", emit=False)
+        self.finish(req, "error", emit=False)
         self._pending.append(
             EngineOutput(req.request_id, (), "error", error=error, error_kind=kind)
         )
         if req.request_id in self.running:
-            self._maybe_release(req, cache=False)
+            self.maybe_release(req, cache=False)
 
     # ---- results ------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
         """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
-        assert result.step_id == plan.step_id
-        outputs = self.take_pending_outputs()
-        for rid, entries in (result.prompt_logprobs or {}).items():
-            req = self.running[rid]
-            req.prompt_logprobs = (req.prompt_logprobs or []) + entries
-        # Grammar rows consume their tokens first, together (llguidance's threads for many);
-        # a stop token is an end, not grammar text.
-        accepted: dict[int, bool] = {}
-        if plan.sampling.constrained:
-            guided = []
-            for row in plan.sampling.constrained:
-                req = self.running[plan.sample_request_ids[row]]
-                token = result.tokens[row]
-                if not req.finished and token not in req.stop_ids:
-                    guided.append((row, req.grammar, token))
-            verdicts = accept_all([(g, t) for _, g, t in guided])
-            accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
-        for row, (rid, token) in enumerate(
-            zip(plan.sample_request_ids, result.tokens, strict=True)
-        ):
-            req = self.running[rid]
-            req.num_pending_samples -= 1
-            if req.finished:
-                continue  # finished earlier in the chain; this token is past its end
-            if req.grammar is not None and not accepted.get(row, True):
-                # Masks make this impossible; if it happens the request fails alone.
-                error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
-                self._finish(req, "error", emit=False)
-                outputs.append(EngineOutput(rid, (), "error", error=error, error_kind="internal"))
-                continue
-            req.output_token_ids.append(token)
-            reason = self._stop_reason(req, token)
-            if reason is None and req.grammar is not None and req.grammar.done:
-                reason = "stop"  # the grammar is complete: nothing but the end may follow
-            if reason is not None:
-                self._finish(req, reason, emit=False)
-            cached = prompt_lps = None
-            if not req.cache_reported:
-                req.cache_reported = True
-                cached = req.num_cached_tokens
-                prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
-            lp = result.logprobs.get(row) if result.logprobs else None
-            outputs.append(
-                EngineOutput(
-                    rid,
-                    (token,),
-                    reason,
-                    cached_tokens=cached,
-                    logprobs=(lp,) if lp is not None else None,
-                    prompt_logprobs=prompt_lps,
-                )
-            )
-        for rid in plan.request_ids:
-            req = self.running[rid]
-            req.num_inflight -= 1
-            self._maybe_release(req)
-        self._regrow_budget()
-        return outputs
+        return results.apply(self, plan, result)
 
     REGROW_AFTER = 64  # good steps before a shrunk step budget doubles back
 
-    def _regrow_budget(self) -> None:
+    def regrow_budget(self) -> None:
         """After an OOM the step budget halved; it doubles back (up to the configured one)
         after every REGROW_AFTER steps without a failure."""
         if self.max_step_tokens >= self.config.max_num_batched_tokens:
@@ -401,47 +343,16 @@ class Scheduler:
             self.max_step_tokens = min(self.config.max_num_batched_tokens, 2 * self.max_step_tokens)
 
     def grammar_masks(self, plan: StepPlan, words: int) -> np.ndarray | None:
-        """Allowed-token bitmasks (int32, ``words`` per row) of the plan's constrained rows,
-        from each request's grammar after all its finalized tokens. Call it when the step
-        before ``plan`` is finalized (for a chained plan: after its parent)."""
-        rows = plan.sampling.constrained
-        if not rows:
-            return None
-        masks = np.full((len(rows), words), -1, dtype=np.int32)
-        matchers: list[Matcher | None] = []
-        for row in rows:
-            req = self.running.get(plan.sample_request_ids[row])
-            if req is not None and not req.finished and req.grammar is not None:
-                assert req.grammar.consumed == len(req.output_token_ids), "mask computed early"
-                matchers.append(req.grammar)
-            else:
-                matchers.append(None)  # finished in the chain: its token is discarded
-        fill_masks(matchers, masks)
-        bits = masks.view(np.uint32)
-        for i, m in enumerate(matchers):
-            if m is None or m.eos is None or not bits[i, m.eos >> 5] >> (m.eos & 31) & 1:
-                continue
-            # Where the grammar may end, so may the request's own stop tokens.
-            req = self.running[plan.sample_request_ids[rows[i]]]
-            for t in req.stop_ids:
-                if t < words * 32:
-                    bits[i, t >> 5] |= np.uint32(1 << (t & 31))
-        return masks
+        """Allowed-token bitmasks of the plan's constrained rows (see results.grammar_masks)."""
+        return results.grammar_masks(self, plan, words)
 
-    def _stop_reason(self, req: Request, token: int) -> str | None:
-        if token in req.stop_ids:
-            return "stop"
-        if len(req.output_token_ids) >= req.params.max_tokens:
-            return "length"
-        return None
-
-    def _finish(self, req: Request, reason: str, *, emit: bool = True) -> None:
+    def finish(self, req: Request, reason: str, *, emit: bool = True) -> None:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if emit:
             self._pending.append(EngineOutput(req.request_id, (), reason))
 
-    def _maybe_release(self, req: Request, *, cache: bool = True) -> None:
+    def maybe_release(self, req: Request, *, cache: bool = True) -> None:
         """Late release: a finished request keeps its pages until no launched step uses
         them. With the prefix cache its whole written pages (every position certainly
         written with the token the tree will claim for it) then stay behind as cached."""

@@ -1,0 +1,115 @@
+"""Applying a finalized step to request state (tokens, stops, grammar verdicts, prompt
+log-probabilities, late release), and the grammar masks a step's constrained rows need."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tandem.engine.grammar import Matcher, accept_all, fill_masks
+from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.request import Request
+from tandem.outputs import EngineOutput
+
+if TYPE_CHECKING:
+    from tandem.engine.scheduler import Scheduler
+
+
+def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
+    """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
+    assert result.step_id == plan.step_id
+    outputs: list[EngineOutput] = []
+    for rid, entries in (result.prompt_logprobs or {}).items():
+        req = sched.running[rid]
+        req.prompt_logprobs = (req.prompt_logprobs or []) + entries
+    # Grammar rows consume their tokens first, together (llguidance's threads for many);
+    # a stop token is an end, not grammar text.
+    accepted: dict[int, bool] = {}
+    if plan.sampling.constrained:
+        guided = []
+        for row in plan.sampling.constrained:
+            req = sched.running[plan.sample_request_ids[row]]
+            token = result.tokens[row]
+            if not req.finished and token not in req.stop_ids:
+                guided.append((row, req.grammar, token))
+        verdicts = accept_all([(g, t) for _, g, t in guided])
+        accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
+    for row, (rid, token) in enumerate(zip(plan.sample_request_ids, result.tokens, strict=True)):
+        req = sched.running[rid]
+        req.num_pending_samples -= 1
+        if req.finished:
+            continue  # finished earlier in the chain; this token is past its end
+        if req.grammar is not None and not accepted.get(row, True):
+            # Masks make this impossible; if it happens the request fails alone.
+            error = f"grammar rejected token {token}: {req.grammar.error or 'not allowed'}"
+            sched.finish(req, "error", emit=False)
+            outputs.append(EngineOutput(rid, (), "error", error=error, error_kind="internal"))
+            continue
+        req.output_token_ids.append(token)
+        reason = stop_reason(req, token)
+        if reason is None and req.grammar is not None and req.grammar.done:
+            reason = "stop"  # the grammar is complete: nothing but the end may follow
+        if reason is not None:
+            sched.finish(req, reason, emit=False)
+        cached = prompt_lps = None
+        if not req.cache_reported:
+            req.cache_reported = True
+            cached = req.num_cached_tokens
+            prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+        lp = result.logprobs.get(row) if result.logprobs else None
+        outputs.append(
+            EngineOutput(
+                rid,
+                (token,),
+                reason,
+                cached_tokens=cached,
+                logprobs=(lp,) if lp is not None else None,
+                prompt_logprobs=prompt_lps,
+            )
+        )
+    for rid in plan.request_ids:
+        req = sched.running[rid]
+        req.num_inflight -= 1
+        sched.maybe_release(req)
+    sched.regrow_budget()
+    # Outputs not tied to a step (aborts) go first; taken last, so a failure above
+    # leaves them queued for the loop instead of dropping them.
+    return sched.take_pending_outputs() + outputs
+
+
+def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | None:
+    """Allowed-token bitmasks (int32, ``words`` per row) of the plan's constrained rows,
+    from each request's grammar after all its finalized tokens. Call it when the step
+    before ``plan`` is finalized (for a chained plan: after its parent)."""
+    rows = plan.sampling.constrained
+    if not rows:
+        return None
+    masks = np.full((len(rows), words), -1, dtype=np.int32)
+    matchers: list[Matcher | None] = []
+    for row in rows:
+        req = sched.running.get(plan.sample_request_ids[row])
+        if req is not None and not req.finished and req.grammar is not None:
+            assert req.grammar.consumed == len(req.output_token_ids), "mask computed early"
+            matchers.append(req.grammar)
+        else:
+            matchers.append(None)  # finished in the chain: its token is discarded
+    fill_masks(matchers, masks)
+    bits = masks.view(np.uint32)
+    for i, m in enumerate(matchers):
+        if m is None or m.eos is None or not bits[i, m.eos >> 5] >> (m.eos & 31) & 1:
+            continue
+        # Where the grammar may end, so may the request's own stop tokens.
+        req = sched.running[plan.sample_request_ids[rows[i]]]
+        for t in req.stop_ids:
+            if t < words * 32:
+                bits[i, t >> 5] |= np.uint32(1 << (t & 31))
+    return masks
+
+
+def stop_reason(req: Request, token: int) -> str | None:
+    if token in req.stop_ids:
+        return "stop"
+    if len(req.output_token_ids) >= req.params.max_tokens:
+        return "length"
+    return None
