@@ -76,10 +76,15 @@ class OverlapLoop:
 
     def step(self) -> list[EngineOutput]:
         self._out: list[EngineOutput] = []
+        failure: Exception | None = None
         try:
             self._step()
         except Exception as e:  # noqa: BLE001 - any failure inside a step is contained
-            self._recover(e)
+            failure = e
+        if failure is not None:
+            # Outside the except block, so the failed graph's arrays (held by its frames)
+            # can be freed before the runner allocates its pool again.
+            self._recover(failure)
         return self._out + self.scheduler.take_pending_outputs()
 
     def _step(self) -> None:
@@ -161,8 +166,9 @@ class OverlapLoop:
             type(e).__name__,
             e,
             len(failed),
-            exc_info=not oom,
+            exc_info=None if oom else e,
         )
+        e.__traceback__ = None  # its frames hold the failed step's arrays
         self.runner.reset()
         kind = "out of device memory" if oom else "internal error"
         sched.recover(failed, f"{kind} in an engine step: {type(e).__name__}: {e}", oom=oom)

@@ -19,6 +19,7 @@ The cache objects speak mlx-lm's cache protocol (``offset``, ``update_and_fetch`
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -71,8 +72,11 @@ class PagePool:
         return self.num_sets * self.shape.bytes_per_token
 
     def reset(self) -> None:
-        """(Re)create every buffer: all KV is gone (after a failure, nothing in flight)."""
+        """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
+        old buffers are released first, so the new ones fit where they were."""
         self.sets = []
+        self._step = self._lag = self._keep = None
+        gc.collect()
         mx.clear_cache()
         s = self.shape
         for _ in range(self.num_sets):
