@@ -28,6 +28,8 @@ WARPS = 4
 _CUDA_SOURCE = """
     const int W = NW;
     const int E = D / 32;
+    const int MAXP = dims[0];
+    const int NC = dims[1];
     int chunk = blockIdx.x % NC;
     int bh = blockIdx.x / NC;
     int b = bh / H;
@@ -87,6 +89,8 @@ _CUDA_SOURCE = """
 _METAL_SOURCE = """
     const int W = NW;
     const int E = D / 32;
+    const int MAXP = dims[0];
+    const int NC = dims[1];
     uint blk = threadgroup_position_in_grid.x;
     uint tid = thread_position_in_threadgroup.x;
     int chunk = blk % NC;
@@ -143,7 +147,9 @@ _METAL_SOURCE = """
     }
 """
 
-_INPUTS = ["q", "kv_pool", "tables", "lengths", "scale"]
+# Shapes that change from step to step (table width, chunks) are inputs, not template
+# parameters: a template value is a new kernel to compile.
+_INPUTS = ["q", "kv_pool", "tables", "lengths", "scale", "dims"]
 _OUTPUTS = ["acc_out", "m_out", "l_out"]
 CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-decoding)
 _kernel = None
@@ -184,16 +190,21 @@ def paged_decode(
     hkv = pool.shape[1] // 2
     chunks = max(1, -(-tables.shape[1] * page_size // CHUNK))
     acc, m, l_ = kernel(
-        inputs=[q, pool, tables, lengths, mx.array([scale], dtype=mx.float32)],
+        inputs=[
+            q,
+            pool,
+            tables,
+            lengths,
+            mx.array([scale], dtype=mx.float32),
+            mx.array([tables.shape[1], chunks], dtype=mx.int32),
+        ],
         template=[
             ("T", q.dtype),
             ("H", h),
             ("HKV", hkv),
             ("D", d),
             ("P", page_size),
-            ("MAXP", tables.shape[1]),
             ("NW", WARPS),
-            ("NC", chunks),
             ("CHUNK", CHUNK),
         ],
         grid=(b * h * chunks * 32 * WARPS, 1, 1),
