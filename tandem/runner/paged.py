@@ -208,15 +208,18 @@ class StepContext:
         order: list[int] = []  # token indices in the order attention outputs come
         t = 0
         for seg in plan.segments:
-            pages = np.asarray(seg.pages, dtype=np.int32)
-            slots = (pages[:, None] * p + np.arange(p, dtype=np.int32)[None]).reshape(-1)
             positions.extend(range(seg.start, seg.end))
-            write_slots.extend(slots[seg.start : seg.end].tolist())
             if seg.num_tokens == 1:
+                pos = seg.start
+                write_slots.append(seg.pages[pos // p] * p + pos % p)
                 decode_idx.append(t)
                 decode_lengths.append(seg.end)
                 decode_pages.append(seg.pages)
             else:
+                # Only a chunk's own pages: never the whole table of a long request.
+                pages = np.asarray(seg.pages[: -(-seg.end // p)], dtype=np.int32)
+                slots = (pages[:, None] * p + np.arange(p, dtype=np.int32)[None]).reshape(-1)
+                write_slots.extend(slots[seg.start : seg.end].tolist())
                 kv = None if seg.start == 0 else mx.array(slots[: seg.end])
                 self.chunks.append(ChunkItem(t, seg.num_tokens, kv))
             t += seg.num_tokens
