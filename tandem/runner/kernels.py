@@ -159,19 +159,17 @@ _checked: dict[tuple, bool] = {}
 def _build():
     global _kernel
     if _kernel is None:
+        make, source = None, ""
         if mx.cuda.is_available():
-            _kernel = mx.fast.cuda_kernel(
-                name="tandem_paged_decode",
-                input_names=_INPUTS,
-                output_names=_OUTPUTS,
-                source=_CUDA_SOURCE,
-            )
+            make, source = mx.fast.cuda_kernel, _CUDA_SOURCE
         elif mx.metal.is_available():
-            _kernel = mx.fast.metal_kernel(
+            make, source = mx.fast.metal_kernel, _METAL_SOURCE
+        if make is not None:
+            _kernel = make(
                 name="tandem_paged_decode",
                 input_names=_INPUTS,
                 output_names=_OUTPUTS,
-                source=_METAL_SOURCE,
+                source=source,
             )
     return _kernel
 

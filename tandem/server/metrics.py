@@ -6,6 +6,41 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
+ENGINE_GAUGES = {
+    "running": ("tandem_num_requests_running", "Requests owning KV"),
+    "waiting": ("tandem_num_requests_waiting", "Queued requests"),
+    "kv_usage": (
+        "tandem_kv_cache_usage_ratio",
+        "Share of the KV budget held by live requests (cached prefixes not counted)",
+    ),
+    "prefix_cache_queried_tokens": (
+        "tandem_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache (since start)",
+    ),
+    "prefix_cache_hit_tokens": (
+        "tandem_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache (since start)",
+    ),
+    "retractions": (
+        "tandem_num_retractions",
+        "Requests retracted (preempted) to fit the KV budget (since start)",
+    ),
+    "engine_restarts": (
+        "tandem_engine_restarts",
+        "Engine processes restarted after one died (since start)",
+    ),
+    "step_failures": (
+        "tandem_engine_step_failures",
+        "Engine steps that raised; their requests were retried or failed (since start)",
+    ),
+    "oom_recoveries": (
+        "tandem_engine_oom_recoveries",
+        "Steps that ran out of device memory and were retried smaller (since start)",
+    ),
+    "kv_pages": ("tandem_kv_pages", "Pages in the KV pool"),
+    "kv_cached_pages": ("tandem_kv_cached_pages", "KV pages only the prefix cache holds"),
+}
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -30,67 +65,20 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.running = Gauge("tandem_num_requests_running", "Requests owning KV", registry=r)
-        self.waiting = Gauge("tandem_num_requests_waiting", "Queued requests", registry=r)
-        self.kv_usage = Gauge(
-            "tandem_kv_cache_usage_ratio",
-            "Share of the KV budget held by live requests (cached prefixes not counted)",
-            registry=r,
-        )
-        self.prefix_queried = Gauge(
-            "tandem_prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache (since start)",
-            registry=r,
-        )
-        self.prefix_hits = Gauge(
-            "tandem_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache (since start)",
-            registry=r,
-        )
+        # Engine stats mirrored one to one: stats key -> (metric name, help).
+        self.engine = {
+            key: Gauge(name, doc, registry=r) for key, (name, doc) in ENGINE_GAUGES.items()
+        }
         self.prefix_hit_rate = Gauge(
             "tandem_prefix_cache_hit_rate",
             "Share of prompt tokens served from the prefix cache (since start)",
             registry=r,
         )
-        self.retractions = Gauge(
-            "tandem_num_retractions",
-            "Requests retracted (preempted) to fit the KV budget (since start)",
-            registry=r,
-        )
-
-        self.engine_restarts = Gauge(
-            "tandem_engine_restarts",
-            "Engine processes restarted after one died (since start)",
-            registry=r,
-        )
-        self.step_failures = Gauge(
-            "tandem_engine_step_failures",
-            "Engine steps that raised; their requests were retried or failed (since start)",
-            registry=r,
-        )
-        self.oom_recoveries = Gauge(
-            "tandem_engine_oom_recoveries",
-            "Steps that ran out of device memory and were retried smaller (since start)",
-            registry=r,
-        )
-        self.kv_pages = Gauge("tandem_kv_pages", "Pages in the KV pool", registry=r)
-        self.kv_cached_pages = Gauge(
-            "tandem_kv_cached_pages", "KV pages only the prefix cache holds", registry=r
-        )
 
     def render(self, stats: dict) -> bytes:
-        self.running.set(stats.get("running", 0))
-        self.waiting.set(stats.get("waiting", 0))
-        self.kv_usage.set(stats.get("kv_usage", 0.0))
+        for key, gauge in self.engine.items():
+            gauge.set(stats.get(key, 0))
         queried = stats.get("prefix_cache_queried_tokens", 0)
         hits = stats.get("prefix_cache_hit_tokens", 0)
-        self.prefix_queried.set(queried)
-        self.prefix_hits.set(hits)
         self.prefix_hit_rate.set(hits / queried if queried else 0.0)
-        self.retractions.set(stats.get("retractions", 0))
-        self.engine_restarts.set(stats.get("engine_restarts", 0))
-        self.step_failures.set(stats.get("step_failures", 0))
-        self.oom_recoveries.set(stats.get("oom_recoveries", 0))
-        self.kv_pages.set(stats.get("kv_pages", 0))
-        self.kv_cached_pages.set(stats.get("kv_cached_pages", 0))
         return generate_latest(self.registry)
