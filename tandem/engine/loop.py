@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tandem.engine.plan import StepFailed, StepPlan, StepResult, is_oom
+from tandem.engine.plan import StepPlan, StepResult, is_oom
 from tandem.engine.scheduler import Scheduler
 from tandem.outputs import EngineOutput
 
@@ -149,7 +149,7 @@ class OverlapLoop:
         smaller step (the requests of a step that fails at the smallest fail with a clear
         error). Anything else: the requests of the failing step fail with an internal error,
         the rest go on."""
-        oom = isinstance(e, StepFailed) and e.oom or is_oom(e)
+        oom = is_oom(e)
         failing = self._failing
         self.curr, self._failing = None, None
         sched = self.scheduler

@@ -116,15 +116,6 @@ class StepResult:
     prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
 
 
-class StepFailed(RuntimeError):
-    """A step could not run. ``oom``: the device ran out of memory (retry smaller);
-    otherwise the step's requests fail."""
-
-    def __init__(self, message: str, *, oom: bool) -> None:
-        super().__init__(message)
-        self.oom = oom
-
-
 def is_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError):
         return True
