@@ -31,7 +31,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
 
     path = resolve_model(config.model)
     tokenizer = Tokenizer.load(path)
-    model, model_config = load_model(path)
+    model, model_config = load_model(path, config.dtype)
     model_type = str(model_config.get("model_type", ""))
     log.info(
         "model %s (%s), compute dtype: %s",

@@ -42,6 +42,26 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_tokenizer(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tandem.frontend.tokenizer import Tokenizer
+    from tandem.model_source import ModelSourceError, resolve_model
+
+    try:
+        path = resolve_model(args.model)
+    except ModelSourceError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.directory)
+    if out.exists() and not out.is_dir():
+        print(f"tandem: error: {str(out)!r} exists and is not a directory", file=sys.stderr)
+        return 2
+    files = Tokenizer.load(path).save(out)
+    print(f"tandem: wrote the tokenizer of {path.name} to {out} ({', '.join(files)})")
+    return 0
+
+
 def _engine_config(args: argparse.Namespace):
     from tandem.config import EngineConfig
 
@@ -126,7 +146,11 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
 def _bench_serve(args: argparse.Namespace) -> int:
     from tandem.bench import serve_client
 
-    result = serve_client.main(args)
+    try:
+        result = serve_client.main(args)
+    except serve_client.ClientError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return 2
     return 0 if result["completed"] else 1
 
 
@@ -183,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)
+    x = sub.add_parser(
+        "export-tokenizer",
+        help="write the model's tokenizer (rebuilt from a GGUF file) as a Hugging Face folder",
+    )
+    x.add_argument("directory", help="folder to write (created if missing)")
+    x.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    x.set_defaults(func=_export_tokenizer)
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     off = bsub.add_parser("offline", help="Tandem vs mlx-lm in one process")

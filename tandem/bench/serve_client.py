@@ -169,8 +169,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model name sent in requests")
     p.add_argument(
         "--tokenizer",
-        required=True,
-        help="model directory or .gguf whose tokenizer sizes the prompts",
+        help="model directory or .gguf whose tokenizer sizes the prompts, or 'default' (the "
+        "default model's); when omitted: --model if it is a local path, else the default "
+        "model's when the server serves it",
     )
     p.add_argument("--dataset", choices=("random", "shared-prefix", "multi-turn"), default="random")
     p.add_argument("--num-prompts", type=int, default=100)
@@ -188,7 +189,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-turns", type=int, default=3)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="prompt seed; default a fresh one per run (printed), so successive runs of a "
+        "sweep do not resend the same prompts and hit the prefix cache",
+    )
     p.add_argument("--api-key")
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
@@ -196,11 +202,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write the metrics here")
 
 
+class ClientError(ValueError):
+    """A bad command line (reported without a traceback)."""
+
+
+def tokenizer_source(args: argparse.Namespace) -> Path | None:
+    """The tokenizer's model path (None: the default model's)."""
+    from tandem.model_source import DEFAULT_MODEL_NAME, ModelSourceError, resolve_model
+
+    name = args.tokenizer
+    if name is None:
+        if args.model and Path(args.model).expanduser().exists():
+            name = args.model
+        else:
+            served = args.model or _served_model(args)
+            if served != DEFAULT_MODEL_NAME:
+                raise ClientError(
+                    f"the server serves {served!r}: pass --tokenizer with its model "
+                    "directory or .gguf (a local path; nothing is downloaded)"
+                )
+            return None
+    if name == "default":
+        return None
+    try:
+        return resolve_model(name)
+    except ModelSourceError as e:
+        raise ClientError(
+            f"--tokenizer: {e} (give a local model directory or .gguf, or 'default' for "
+            f"{DEFAULT_MODEL_NAME})"
+        ) from None
+
+
+def _served_model(args: argparse.Namespace) -> str | None:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        r = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
+        return r.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def build_dataset(args: argparse.Namespace) -> list[RequestSpec]:
     from tandem.frontend.tokenizer import Tokenizer
     from tandem.model_source import resolve_model
 
-    maker = TextMaker(Tokenizer.load(resolve_model(args.tokenizer)))
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
+        print(f"bench serve: prompt seed {args.seed} (--seed {args.seed} repeats this run)")
+    maker = TextMaker(Tokenizer.load(resolve_model(tokenizer_source(args))))
     if args.dataset == "random":
         return random_dataset(maker, args.num_prompts, args.input_len, args.output_len, args.seed)
     if args.dataset == "shared-prefix":

@@ -39,6 +39,18 @@ class Tokenizer:
                 eos |= _ids(json.loads(f.read_text()).get("eos_token_id"))
         return cls(hf, eos)
 
+    def save(self, directory: Path) -> list[str]:
+        """Write this tokenizer as a Hugging Face folder (tokenizer.json, tokenizer_config.json
+        with the chat template, and the EOS ids in generation_config.json), loadable by
+        ``AutoTokenizer.from_pretrained`` and by ``Tokenizer.load``. Returns the files written."""
+        directory.mkdir(parents=True, exist_ok=True)
+        files = [Path(f).name for f in self.hf.save_pretrained(str(directory))]
+        eos = sorted(self.eos_token_ids)
+        (directory / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": eos[0] if len(eos) == 1 else eos}, indent=2) + "\n"
+        )
+        return sorted(set(files) | {"generation_config.json"})
+
     @property
     def vocab_size(self) -> int:
         return len(self.hf)

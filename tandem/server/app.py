@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,6 +34,7 @@ from tandem.server.requests import (
     parse_chat,
     parse_completion,
 )
+from tandem.server.tokenize_api import install_tokenize_routes
 from tandem.server.tool_calls import detect_format
 
 
@@ -76,6 +78,20 @@ def error_response(e: RequestError) -> JSONResponse:
     return JSONResponse(body, status_code=e.status)
 
 
+def validation_error(e: RequestValidationError) -> RequestError:
+    """A pydantic-typed body that does not validate: a 400 naming the first offending field."""
+    errors = e.errors()
+    if not errors:
+        return RequestError("invalid request body")
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    # A union body (e.g. /tokenize) reports each member's errors under the member's name.
+    loc = [x for x in loc if not x[:1].isupper()]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    return RequestError(f"{param}: {message}" if param else message, param=param)
+
+
 @dataclass
 class Piece:
     text: str
@@ -114,10 +130,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         except (ValueError, RecursionError) as e:  # also ints past Python's digit limit
             raise RequestError(f"malformed JSON: {e}") from None
 
-    def check_model(req: GenerationRequest) -> None:
-        if req.model is not None and req.model != settings.served_model_name:
+    def check_model(name: str | None) -> None:
+        if name is not None and name != settings.served_model_name:
             raise RequestError(
-                f"model '{req.model}' does not exist",
+                f"model '{name}' does not exist",
                 param="model",
                 status=404,
                 code="model_not_found",
@@ -173,7 +189,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         rid: str | None = None,
         follows: str | None = None,
         keep_special: bool = False,
+        score_only: bool = False,
     ) -> AsyncIterator[Piece]:
+        """The request's output as text pieces. ``score_only``: one piece at the end with the
+        prompt's log-probabilities and no output (max_tokens 0 with echo)."""
         rid = rid or uuid.uuid4().hex
         detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=not keep_special)
         matcher = StopStringMatcher(stops)
@@ -215,6 +234,11 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                     cached = d.cached_tokens
                 if d.prompt_logprobs is not None:
                     prompt_lps = d.prompt_logprobs
+                if score_only:
+                    if d.finish_reason is not None:
+                        yield piece("", "length")
+                        return
+                    continue
                 count += len(d.new_token_ids)
                 metrics.generation_tokens.inc(len(d.new_token_ids))
                 ids = d.new_token_ids
@@ -290,6 +314,11 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             return tokenizer.decode([t])
 
         echo = getattr(req, "echo", False)
+        score_only = getattr(req, "score_only", False)
+
+        def pieces(i: int) -> AsyncIterator[Piece]:
+            return run_one(*jobs[i][:2], req.stop, *jobs[i][2:], keep_special, score_only)
+
         echoed = [False] * len(jobs)
 
         def echo_text(i: int) -> str:
@@ -396,7 +425,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                 parts, ids, n, reason, cached = [], [], 0, None, 0
                 lps: list[Any] | None = None
                 plps: list[Any] | None = None
-                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:], keep_special):
+                async for piece in pieces(i):
                     if piece.prompt_logprobs is not None:
                         plps = piece.prompt_logprobs
                     parts.append(piece.text)
@@ -470,13 +499,20 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
         async def pump(i: int) -> None:
             try:
-                async for piece in run_one(*jobs[i][:2], req.stop, *jobs[i][2:], keep_special):
+                async for piece in pieces(i):
                     await queue.put((i, piece))
             except Exception as e:  # reported in-stream
                 await queue.put((i, e))
 
         # Started now, so admission accounting holds even if the body is never iterated.
         tasks = [spawn(pump(i)) for i in range(len(jobs))]
+
+        def running_usage() -> dict[str, Any]:
+            """stream_options.continuous_usage_stats: usage so far on every chunk (as vLLM
+            sends it: the request's prompt tokens, its choices' completion tokens so far)."""
+            if not req.continuous_usage:
+                return {}
+            return {"usage": usage(sum(map(len, prompts)), sum(counts), sum(cached_counts[::m]))}
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -486,6 +522,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                             **base,
                             "object": chunk_obj,
                             "choices": [choice(i, "", None, first=True) for i in range(len(jobs))],
+                            **running_usage(),
                         }
                     )
                 left = len(jobs)
@@ -524,6 +561,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                                         fields=fields,
                                     )
                                 ],
+                                **running_usage(),
                             }
                         )
                     if item.finish_reason:
@@ -560,6 +598,10 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         response.headers.update(e.headers or {})  # e.g. Allow on a 405
         return response
 
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, e: RequestValidationError):
+        return error_response(validation_error(e))
+
     @app.exception_handler(EngineDeadError)
     async def on_engine_dead(request: Request, e: EngineDeadError):
         return error_response(RequestError(str(e), status=503, kind="server_error"))
@@ -567,14 +609,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     @app.post("/v1/completions")
     async def completions(request: Request):
         req: CompletionRequest = parse_completion(await read_json(request), tokenizer.vocab_size)
-        check_model(req)
+        check_model(req.model)
         prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
         return await generate(request, "completions", req, prompts, 16, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatRequest = parse_chat(await read_json(request))
-        check_model(req)
+        check_model(req.model)
         try:
             ids = tokenizer.apply_chat_template(req.messages, **req.template_kwargs)
         except Exception as e:  # template errors are the request's fault
@@ -603,6 +645,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         return await generate(
             request, "chat", req, [ids], settings.default_max_tokens, chat=True, shaper=shaper
         )
+
+    install_tokenize_routes(app, tokenizer, max_model_len, check_model)
 
     @app.get("/v1/models")
     async def models():

@@ -114,7 +114,12 @@ def _common_properties(max_tokens_doc: str) -> dict[str, Schema]:
         "stream_options": _nullable(
             {
                 "type": "object",
-                "properties": {"include_usage": _bool("A final chunk with usage.")},
+                "properties": {
+                    "include_usage": _bool("A final chunk with usage."),
+                    "continuous_usage_stats": _bool(
+                        "Extension (as vLLM): usage so far on every chunk."
+                    ),
+                },
                 "additionalProperties": False,
             }
         ),
@@ -383,6 +388,12 @@ def completion_request_schema() -> Schema:
             **_common_properties(
                 "Tokens to generate (default 16). Prompt tokens + max_tokens must fit the "
                 "context length (GET /v1/models max_model_len), else 400."
+            ),
+            "max_tokens": _int(
+                0,
+                description="Tokens to generate (default 16). Prompt tokens + max_tokens must "
+                "fit the context length (GET /v1/models max_model_len), else 400. 0 only with "
+                "echo: the prompt and its logprobs, no output.",
             ),
             "logprobs": _int(0, MAX_LOGPROBS, "Log-probabilities of the sampled tokens, top k."),
             "echo": _bool("Return the prompt (and its logprobs) before the output."),
@@ -682,11 +693,23 @@ def patch_openapi(schema: Schema) -> Schema:
         "description": "The --api-key the server was started with (every route but /health).",
     }
     paths = out.setdefault("paths", {})
-    for (path, method), patch in _operations().items():
+    patches = _operations()
+    for (path, method), patch in patches.items():
         operation = paths.get(path, {}).get(method)
         if operation is None:  # a route this app does not have
             continue
         operation.update(patch)
+    # Routes with pydantic-typed bodies (their schemas are FastAPI's): the API key, and
+    # OpenAI error bodies where FastAPI would document its own 422.
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            if (path, method) in patches:
+                continue
+            operation["security"] = [{"bearerAuth": []}]
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = ("400", "401", "404", "413") if "requestBody" in operation else ("401",)
+            responses.update({code: _error(code) for code in codes})
     return out
 
 

@@ -72,6 +72,7 @@ CHAT_FIELDS = _COMMON | {
     "parallel_tool_calls",
     "separate_reasoning",
 }
+STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -89,11 +90,13 @@ class GenerationRequest:
     n: int = 1  # samples per prompt
     echo: bool = False  # completions: the prompt's text (and logprobs) before the output
     best_of: int | None = None  # completions: sample this many, return the n most likely
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
 
 
 @dataclass
 class CompletionRequest(GenerationRequest):
     prompts: list[str | list[int]] = field(default_factory=list)
+    score_only: bool = False  # max_tokens 0 with echo: the prompt (and its logprobs) only
 
 
 @dataclass
@@ -146,7 +149,8 @@ def _number(body: dict[str, Any], key: str, *, integer: bool = False) -> Any:
 def _max_tokens(body: dict[str, Any], key: str) -> int | None:
     value = _number(body, key, integer=True)
     if value is not None and value < 1:
-        raise RequestError(f"'{key}' must be at least 1", param=key)
+        zero = " (0 only with echo on /v1/completions)" if key == "max_tokens" else ""
+        raise RequestError(f"'{key}' must be at least 1{zero}", param=key)
     return value
 
 
@@ -171,9 +175,13 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         )
     stream = _flag(body, "stream")
     opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
-        raise RequestError("'stream_options' supports only include_usage", param="stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - STREAM_OPTIONS):
+        raise RequestError(
+            "'stream_options' supports only include_usage and continuous_usage_stats",
+            param="stream_options",
+        )
     include_usage = _flag(opts, "include_usage") if opts else False
+    continuous_usage = _flag(opts, "continuous_usage_stats") if opts else False
     sampling: dict[str, Any] = {}
     for key in (
         "temperature",
@@ -248,6 +256,7 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
         "stop": stops,
         "stream": stream,
         "include_usage": include_usage,
+        "continuous_usage": continuous_usage,
         "sampling": sampling,
         "return_token_ids": return_ids,
         "guided_param": guided_source(body),
@@ -256,6 +265,11 @@ def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[st
 
 def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
     body = _check_fields(body, COMPLETION_FIELDS)
+    # max_tokens 0 with echo scores the prompt (older OpenAI-style scorers send it): one
+    # token is generated internally and dropped, nothing of it is returned or counted.
+    score_only = _same(body.get("max_tokens"), 0) and _flag(body, "echo")
+    if score_only:
+        body = {**body, "max_tokens": 1}
     prompt = body.get("prompt")
     prompts: list[str | list[int]]
     if isinstance(prompt, str) or (
@@ -310,7 +324,13 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
             )
         if common["stream"] and best_of > common["n"]:
             raise RequestError("'best_of' cannot be streamed", param="best_of")
-    return CompletionRequest(**common, prompts=prompts, echo=echo, best_of=best_of)
+    if score_only and common["sampling"].get("min_tokens"):
+        raise RequestError("'min_tokens' must be 0 when max_tokens is 0", param="min_tokens")
+    if score_only and best_of is not None and best_of > common["n"]:
+        raise RequestError("'best_of' needs max_tokens of at least 1", param="best_of")
+    return CompletionRequest(
+        **common, prompts=prompts, echo=echo, best_of=best_of, score_only=score_only
+    )
 
 
 def parse_chat(body: Any) -> ChatRequest:

@@ -297,6 +297,9 @@ def run_fuzzing(run: FuzzRun, schema: Any, examples: int, seed: int) -> None:
         if op.path in GENERATION_PATHS:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 jobs.append((op, mode, max(1, examples // (2 * len(GENERATION_PATHS)))))
+        elif op.method.upper() == "POST":  # cheap bodies (tokenizer endpoints)
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                jobs.append((op, mode, max(1, examples // 20)))
         else:
             jobs.append((op, GenerationMode.POSITIVE, 3))
     for i, (op, mode, n) in enumerate(jobs):

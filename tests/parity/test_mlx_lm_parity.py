@@ -333,3 +333,34 @@ def test_prompt_logprobs_equal_mlx_lm_across_chunks(tiny_model_dir, budget):
             assert abs(lp - ref[i, p[i + 1]]) < 1e-4
             assert [t for t, _ in top] == list(np.argsort(-ref[i])[:2])
         assert o.token_ids == reference(path, p, 3)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_distinct_prompts_and_echo_requests_run_without_stalls(tiny_model_dir, overlap):
+    """The pattern that stalled the row slab (each echo / prompt-logprobs request and each
+    prompt with no cached prefix moved cached rows, and every few rows the pool grew and
+    copied every layer): distinct prompts and echo requests together, beside a warm cache.
+    Now the pool is fixed and nothing is copied: no retraction, the loop stays chained (one
+    fresh step to start, one after the batch's last sampling), and every output equals the
+    request run alone."""
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path), overlap=overlap, check_invariants=True)
+    warm = [[(7 * i + 11) % 200 + 3 for i in range(70)] for _ in range(2)]
+    llm.generate(warm, greedy(2))  # cached pages for the echoes to sit beside
+    prompts = [[(5 * i + 13 * j) % 200 + 3 for i in range(20 + 9 * j)] for j in range(12)]
+    scored = [warm[0][: 40 + 3 * j] for j in range(6)]
+    params = [greedy(6)] * len(prompts) + [greedy(2, prompt_logprobs=1)] * len(scored)
+    loop = llm.engine.loop
+    steps, chained = loop.num_steps, loop.num_chained
+    retractions = llm.engine.scheduler.stats.retractions
+    outs = llm.generate(prompts + scored, params)
+    assert llm.engine.scheduler.stats.retractions == retractions
+    if overlap:
+        assert (loop.num_steps - steps) - (loop.num_chained - chained) <= 2
+    for p, sp, o in zip(prompts + scored, params, outs, strict=True):
+        alone = llm.generate([p], sp)[0]
+        assert o.token_ids == alone.token_ids
+        if sp.prompt_logprobs is not None:
+            assert len(o.prompt_logprobs) == len(p) - 1
+            for (a, ta), (b, tb) in zip(o.prompt_logprobs, alone.prompt_logprobs, strict=True):
+                assert abs(a - b) < 1e-4 and [t for t, _ in ta] == [t for t, _ in tb]

@@ -325,3 +325,78 @@ def test_tokenizer_pre_and_bos() -> None:
         tokenizer_from_gguf(_tokenizer_meta("mystery"), "t.gguf")
     with pytest.raises(GGUFError, match=r"t\.gguf: .*tokenizer\.ggml\.model='llama'"):
         tokenizer_from_gguf({**_tokenizer_meta(), "tokenizer.ggml.model": "llama"}, "t.gguf")
+
+
+def test_quantized_gguf_dequantizes_exactly_in_float32(tmp_path: Path) -> None:
+    """Q8_0 / Q4_1 / Q4_0 tensors written by llama.cpp's own ``gguf`` package, computed in
+    float32 on the CPU backend: every weight equals ``gguf``'s float32 dequantization."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    from tandem.runner.loader import load_model, prepare_for_device
+
+    model, tensors = _write(tmp_path / "float.gguf", "qwen2", tie=True)
+    path = tmp_path / "quant.gguf"
+    writer = GGUFWriter(str(path), "qwen2")
+    for key, value in {
+        "block_count": LAYERS,
+        "context_length": 512,
+        "embedding_length": HIDDEN,
+        "feed_forward_length": FFN,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS,
+    }.items():
+        writer.add_uint32(f"qwen2.{key}", value)
+    writer.add_float32("qwen2.rope.freq_base", 10000.0)
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-5)
+    kinds = {"token_embd": Q.Q8_0, "ffn_down": Q.Q4_0}
+    want: dict[str, np.ndarray] = {}
+    for name, w in tensors.items():
+        x = np.array(w.astype(mx.float32))
+        if x.ndim == 2:
+            kind = next((k for part, k in kinds.items() if part in name), Q.Q4_1)
+            data = quantize(x, kind)
+            writer.add_tensor(name, data, raw_dtype=kind)
+            want[name] = dequantize(data, kind).reshape(x.shape)
+        else:
+            writer.add_tensor(name, x)
+            want[name] = x
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    loaded, _ = load_model(path, "auto")
+    assert prepare_for_device(loaded, "auto") == "float32"
+    got = dict(tree_flatten(loaded.parameters()))
+    names = {n: m for n, m in ((_gguf_name(m), m) for m, _ in tree_flatten(model.parameters()))}
+    for name, ref in want.items():
+        w = got[names[name]]
+        assert w.dtype == mx.float32, name
+        assert np.array_equal(np.array(w), ref), (name, float(np.abs(np.array(w) - ref).max()))
+
+
+def test_exported_gguf_tokenizer_is_the_same_tokenizer(tmp_path: Path) -> None:
+    """``tandem export-tokenizer`` on a GGUF file: the Hugging Face folder it writes encodes,
+    templates and ends (EOS) exactly as the tokenizer rebuilt from the GGUF metadata."""
+    from transformers import AutoTokenizer
+
+    from tandem.cli import main
+    from tandem.frontend.tokenizer import Tokenizer
+
+    path = tmp_path / "m.gguf"
+    _write(path, "qwen2", tie=True)
+    out = tmp_path / "tok"
+    assert main(["export-tokenizer", str(out), "--model", str(path)]) == 0
+    original, exported = Tokenizer.load(path), Tokenizer.load(out)
+    hf = AutoTokenizer.from_pretrained(str(out))
+    text = "hello 12 world<|im_end|> <tool>é\n"
+    assert exported.encode(text) == original.encode(text) == hf.encode(text)
+    msgs = [{"role": "user", "content": "hello"}]
+    assert exported.apply_chat_template(msgs) == original.apply_chat_template(msgs)
+    assert exported.eos_token_ids == original.eos_token_ids
+    ids = original.encode(text)
+    assert exported.decode(ids) == original.decode(ids)
+    assert main(["export-tokenizer", str(path), "--model", str(path)]) == 2  # a file, not a dir

@@ -152,3 +152,36 @@ def test_dataset_generators_have_exact_lengths_and_shared_prefixes(tiny_model_di
         assert maker.length(common) >= 58  # the prefix (token boundaries may shift by one)
     conv = multi_turn_dataset(maker, 3, turns=4, input_len=20, output_len=5, seed=0)
     assert [len(c.turns) for c in conv] == [3, 3, 3]
+
+
+def test_bench_serve_tokenizer_and_seed_choices(tiny_model_dir, capsys):
+    """A bare name is a clear error (no traceback); --model as a path names the tokenizer;
+    without --seed each run draws fresh prompts (and prints the seed to repeat it)."""
+    import argparse
+
+    from tandem.bench import serve_client
+    from tandem.cli import build_parser, main
+    from tandem.model_source import DEFAULT_MODEL_NAME
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: /v1/models is not reachable
+    assert main(["bench", "serve", "--base-url", url, "--tokenizer", "SmolLM2-135M"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokenizer" in err and "'default'" in err and "Traceback" not in err
+    assert main(["bench", "serve", "--base-url", url, "--model", "someone/else"]) == 2
+    assert "pass --tokenizer" in capsys.readouterr().err
+
+    path = tiny_model_dir("llama")
+
+    def args(*extra: str) -> argparse.Namespace:
+        return build_parser().parse_args(["bench", "serve", "--base-url", url, *extra])
+
+    assert serve_client.tokenizer_source(args("--model", str(path))) == path
+    assert serve_client.tokenizer_source(args("--tokenizer", "default")) is None
+    assert serve_client.tokenizer_source(args("--model", DEFAULT_MODEL_NAME)) is None
+    common = ("--tokenizer", str(path), "--num-prompts", "4", "--input-len", "8")
+    first, second = args(*common), args(*common)
+    prompts = [[s.prompt for s in serve_client.build_dataset(a)] for a in (first, second)]
+    assert first.seed != second.seed and prompts[0] != prompts[1]
+    assert f"--seed {first.seed}" in capsys.readouterr().out
+    again = args(*common, "--seed", str(first.seed))
+    assert [s.prompt for s in serve_client.build_dataset(again)] == prompts[0]
