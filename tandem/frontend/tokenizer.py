@@ -62,14 +62,19 @@ class Tokenizer:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+        **kwargs: Any,
     ) -> list[int]:
         if not getattr(self.hf, "chat_template", None):
             raise ValueError("this model has no chat template")
         text = self.hf.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
         )
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 class IncrementalDetokenizer:

@@ -507,12 +507,13 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
         # Started now, so admission accounting holds even if the body is never iterated.
         tasks = [spawn(pump(i)) for i in range(len(jobs))]
 
+        def usage_so_far() -> dict[str, Any]:
+            return usage(sum(map(len, prompts)), sum(counts), sum(cached_counts[::m]))
+
         def running_usage() -> dict[str, Any]:
             """stream_options.continuous_usage_stats: usage so far on every chunk (as vLLM
             sends it: the request's prompt tokens, its choices' completion tokens so far)."""
-            if not req.continuous_usage:
-                return {}
-            return {"usage": usage(sum(map(len, prompts)), sum(counts), sum(cached_counts[::m]))}
+            return {"usage": usage_so_far()} if req.continuous_usage else {}
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -572,9 +573,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
                             **base,
                             "object": chunk_obj,
                             "choices": [],
-                            "usage": usage(
-                                sum(map(len, prompts)), sum(counts), sum(cached_counts[::m])
-                            ),
+                            "usage": usage_so_far(),
                         }
                     )
                 yield b"data: [DONE]\n\n"

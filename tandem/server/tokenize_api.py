@@ -126,15 +126,14 @@ def install_tokenize_routes(
             if body.continue_final_message:
                 kwargs["continue_final_message"] = True
             try:
-                text = tokenizer.hf.apply_chat_template(
+                ids = tokenizer.apply_chat_template(
                     req.messages,
                     add_generation_prompt=body.add_generation_prompt,
-                    tokenize=False,
+                    add_special_tokens=body.add_special_tokens,
                     **kwargs,
                 )
             except Exception as e:  # template errors are the request's fault
                 raise RequestError(f"chat template failed: {e}", param="messages") from None
-            ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
         return TokenizeResponse(
             count=len(ids),
             max_model_len=max_model_len,
