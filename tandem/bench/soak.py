@@ -11,6 +11,9 @@ samples after the first quarter (warm-up).
 
     python -m tandem.bench.soak --model DIR --concurrency 256 --duration-s 1800 \
         --out docs/benchmarks/soak-cpu-tiny
+
+``--long-share`` mixes in prompts of ``--long-words`` words (3,000 words are about 4k
+tokens), so long prefills keep arriving among the short streams.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ class Tally:
 
 
 def _body(rng: random.Random, words: list[str], args) -> tuple[str, dict[str, Any]]:
-    prompt = " ".join(rng.choice(words) for _ in range(rng.randint(4, args.max_prompt_words)))
+    n_words = rng.randint(4, args.max_prompt_words)
+    if rng.random() < args.long_share:
+        n_words = args.long_words
+    prompt = " ".join(rng.choice(words) for _ in range(n_words))
     body: dict[str, Any] = {
         "max_tokens": rng.randint(1, args.max_tokens),
         "temperature": rng.choice([0.0, 0.0, 0.7]),
@@ -254,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=15)
     p.add_argument("--max-prompt-words", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument(
+        "--long-share",
+        type=float,
+        default=0.0,
+        help="share of requests whose prompt is --long-words words (long prefills mixed in)",
+    )
+    p.add_argument("--long-words", type=int, default=3000, help="about 4k tokens by default")
     p.add_argument("--disconnect-share", type=float, default=0.05)
     p.add_argument("--invalid-share", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)

@@ -13,15 +13,17 @@ class StopStringMatcher:
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._buffer = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
 
     def feed(self, text: str) -> str:
         if self.stopped:
             return ""
         self._buffer += text
-        hits = [i for i in (self._buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self._buffer.find(s)) >= 0]
         if hits:
             self.stopped = True
-            out, self._buffer = self._buffer[: min(hits)], ""
+            at, self.matched = min(hits, key=lambda h: h[0])
+            out, self._buffer = self._buffer[:at], ""
             return out
         cut = len(self._buffer) - self._hold if self._hold else len(self._buffer)
         if cut <= 0:

@@ -66,7 +66,7 @@ def test_regex_slashes_escaped_once_inside_lark(pattern, lark):
 
 def test_engine_errors_map_to_the_right_status():
     from tandem.frontend.engine_client import Delta
-    from tandem.server.app import _engine_error
+    from tandem.server.app import engine_error as _engine_error
 
     def status(kind: str, dead: bool = False) -> int:
         return _engine_error(Delta([], "error", "x", error_kind=kind), dead=dead).status
