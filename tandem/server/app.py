@@ -14,16 +14,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.frontend.engine_client import EngineClient, EngineDeadError
 from tandem.frontend.tokenizer import Tokenizer
+from tandem.server.anthropic_routes import anthropic_error, install_anthropic_routes
 from tandem.server.errors import RequestError
 from tandem.server.openai_routes import install_openai_routes
 from tandem.server.openapi import install_openapi
+from tandem.server.responses_routes import install_responses_routes
 from tandem.server.service import ServerSettings, Service, engine_error
 from tandem.server.tokenize_api import install_tokenize_routes
 
 __all__ = ["ServerSettings", "create_app", "engine_error", "error_response"]
 
 
-def error_response(e: RequestError) -> JSONResponse:
+def error_response(e: RequestError, path: str = "") -> JSONResponse:
+    """The error body of the API the path belongs to (Anthropic's under /v1/messages)."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error(e)
     body = {
         "error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code or e.status}
     }
@@ -40,7 +45,11 @@ def validation_error(e: RequestValidationError) -> RequestError:
     # A union body (e.g. /tokenize) reports each member's errors under the member's name.
     loc = [x for x in loc if not x[:1].isupper()]
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid value")
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    head = message.split(": ", 1)[0]
+    if param is None and head.replace(".", "").replace("[", "").replace("]", "").isidentifier():
+        param = head  # a cross-field rule names its field first ("store: ...")
+        return RequestError(message, param=param)
     return RequestError(f"{param}: {message}" if param else message, param=param)
 
 
@@ -53,25 +62,31 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
     @app.exception_handler(RequestError)
     async def on_request_error(request: Request, e: RequestError):
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException):
         """Routing errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        response = error_response(RequestError(str(e.detail), status=e.status_code, kind=kind))
+        response = error_response(
+            RequestError(str(e.detail), status=e.status_code, kind=kind), request.url.path
+        )
         response.headers.update(e.headers or {})  # e.g. Allow on a 405
         return response
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, e: RequestValidationError):
-        return error_response(validation_error(e))
+        return error_response(validation_error(e), request.url.path)
 
     @app.exception_handler(EngineDeadError)
     async def on_engine_dead(request: Request, e: EngineDeadError):
-        return error_response(RequestError(str(e), status=503, kind="server_error"))
+        return error_response(
+            RequestError(str(e), status=503, kind="server_error"), request.url.path
+        )
 
     install_openai_routes(app, svc)
+    install_anthropic_routes(app, svc)
+    install_responses_routes(app, svc)
     install_tokenize_routes(app, tokenizer, max_model_len, svc.check_model)
 
     @app.get("/v1/models")
@@ -131,7 +146,7 @@ class _Guard:
         if scope["type"] == "http":
             error = self._check(Request(scope))
             if error is not None:
-                await error_response(error)(scope, receive, send)
+                await error_response(error, scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -140,6 +155,7 @@ class _Guard:
         if settings.api_key is not None and request.url.path != "/health":
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
+            token = token or request.headers.get("x-api-key", "")  # Anthropic's clients
             if not hmac.compare_digest(token.encode(), settings.api_key.encode()):
                 return RequestError("invalid API key", status=401, kind="authentication_error")
         length = request.headers.get("content-length")

@@ -1,0 +1,93 @@
+"""From chat messages to what a chat-shaped generation needs: the prompt's token ids (through
+the model's chat template), the output constraint, and the shaper that splits the output into
+reasoning, content and tool calls. Shared by chat completions, Anthropic Messages and
+Responses, which differ only in how they spell the messages and the output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.server.chat_output import ChatOutput
+from tandem.server.errors import RequestError
+from tandem.server.guided import ToolMode, after_reasoning, check_grammar
+from tandem.server.reasoning import starts_inside
+from tandem.server.service import Service
+
+
+@dataclass
+class ChatPlan:
+    ids: list[int]  # the prompt
+    guided: tuple[str, str] | None  # the output constraint (kind, spec)
+    reasoning: bool  # a leading think block is split off as reasoning
+    shaper: Callable[[], ChatOutput]  # one per choice
+
+
+def render(
+    svc: Service,
+    messages: list[dict[str, Any]],
+    template_kwargs: dict[str, Any],
+    *,
+    param: str = "messages",
+) -> list[int]:
+    """The prompt's token ids. A trailing assistant message is continued (a prefill), not
+    closed; a template that fails is the request's fault (400 with its message)."""
+    kwargs = dict(template_kwargs)
+    if messages and messages[-1]["role"] == "assistant" and "continue_final_message" not in kwargs:
+        kwargs.update(add_generation_prompt=False, continue_final_message=True)
+    try:
+        return svc.tokenizer.apply_chat_template(messages, **kwargs)
+    except Exception as e:  # template errors are the request's fault
+        raise RequestError(f"chat template failed: {e}", param=param) from None
+
+
+def think_budget_grammar(inside: bool, budget: int, param: str) -> tuple[str, str]:
+    """A Lark grammar capping the leading think block at ``budget`` tokens: once they are
+    spent, ``</think>`` is the only way on; the answer after it is free."""
+    thought = f'thought[stop="</think>", max_tokens={budget}]: /(.|\\n)*/\n'
+    start = "start: thought REST\n" if inside else 'start: ("<think>" thought)? REST\n'
+    return check_grammar("grammar", start + thought + "REST: /(.|\\n)*/\n", param)
+
+
+def plan_chat(
+    svc: Service,
+    messages: list[dict[str, Any]],
+    *,
+    template_kwargs: dict[str, Any],
+    tools: ToolMode | None,
+    separate_reasoning: bool | None,
+    guided: tuple[str, str] | None,
+    guided_param: str,
+    thinking_budget: int | None = None,
+) -> ChatPlan:
+    ids = render(svc, messages, template_kwargs)
+    reasoning = svc.thinks if separate_reasoning is None else separate_reasoning
+    if tools is not None and tools.choice == "auto" and svc.tool_format is None:
+        raise RequestError(
+            "this model's tool-call format is unknown (start the server with "
+            "--tool-call-format); use tool_choice 'required' or a named function",
+            param="tools",
+        )
+    tail = svc.tokenizer.decode(ids[-8:], skip_special_tokens=False)
+    inside = reasoning and starts_inside(tail)
+    if reasoning and guided is not None and guided[0] == "grammar" and inside:
+        # A user grammar is the whole output: nothing of it is reasoning.
+        reasoning = inside = False
+    elif reasoning and guided is not None:
+        # The model thinks freely first; the constraint holds after </think>.
+        guided = after_reasoning(guided, inside, guided_param)
+    if thinking_budget is not None and reasoning:
+        if guided is not None:
+            raise RequestError(
+                "a thinking budget cannot be combined with a forced tool choice or an output "
+                "constraint",
+                param="thinking",
+            )
+        guided = think_budget_grammar(inside, thinking_budget, "thinking")
+
+    def shaper() -> ChatOutput:
+        fmt = svc.tool_format if tools is not None and tools.choice == "auto" else None
+        return ChatOutput(reasoning=reasoning, inside=inside, tools=tools, fmt=fmt)
+
+    return ChatPlan(ids, guided, reasoning, shaper)
