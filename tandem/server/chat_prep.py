@@ -45,8 +45,11 @@ def render(
 def think_budget_grammar(inside: bool, budget: int, param: str) -> tuple[str, str]:
     """A Lark grammar capping the leading think block at ``budget`` tokens: once they are
     spent, ``</think>`` is the only way on; the answer after it is free."""
+    # The stop string ends the thought without being part of it; the literal after it is
+    # what the budget forces once the thought has used its tokens.
     thought = f'thought[stop="</think>", max_tokens={budget}]: /(.|\\n)*/\n'
-    start = "start: thought REST\n" if inside else 'start: ("<think>" thought)? REST\n'
+    block = 'thought "</think>"'
+    start = f"start: {block} REST\n" if inside else f'start: ("<think>" {block})? REST\n'
     return check_grammar("grammar", start + thought + "REST: /(.|\\n)*/\n", param)
 
 
