@@ -8,6 +8,8 @@ import os
 import sys
 from dataclasses import asdict
 
+from tandem.server.tool_calls import FORMATS as TOOL_CALL_FORMATS
+
 # transformers warns at import that PyTorch is missing; Tandem never needs it.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -96,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_pending=args.max_pending,
             reasoning=args.reasoning,
             tool_call_format=args.tool_call_format,
+            keep_billing_header=args.keep_billing_header,
         )
     except (ValueError, RuntimeError) as e:
         print(f"tandem: error: {e}", file=sys.stderr)
@@ -201,9 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--tool-call-format",
-        choices=("auto", "hermes", "llama3_json", "mistral"),
+        choices=("auto", *TOOL_CALL_FORMATS),
         default="auto",
         help="how the model writes tool calls (auto: from its chat template / model type)",
+    )
+    s.add_argument(
+        "--keep-billing-header",
+        action="store_true",
+        help="/v1/messages: keep system blocks starting with x-anthropic-billing-header (by "
+        "default they are dropped: they change every request and defeat the prefix cache)",
     )
     _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)

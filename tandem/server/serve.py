@@ -74,6 +74,7 @@ def serve(
     max_pending: int,
     reasoning: str = "auto",
     tool_call_format: str = "auto",
+    keep_billing_header: bool = False,
 ) -> int:
     path = resolve_model(config.model)  # fetches the default model here, not in the engine
     name = served_model_name or default_served_name(config.model, path)
@@ -85,5 +86,6 @@ def serve(
         max_pending=max_pending,
         reasoning=reasoning,
         tool_call_format=tool_call_format,
+        keep_billing_header=keep_billing_header,
     )
     return asyncio.run(_serve(config, host, port, settings))
