@@ -170,8 +170,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer",
         help="model directory or .gguf whose tokenizer sizes the prompts, or 'default' (the "
-        "default model's); when omitted: --model if it is a local path, else the default "
-        "model's when the server serves it",
+        "default model's); when omitted: --model if it is a local path, else the model GET "
+        "/v1/models lists if its id (or root) is a local path or it is the default model",
     )
     p.add_argument("--dataset", choices=("random", "shared-prefix", "multi-turn"), default="random")
     p.add_argument("--num-prompts", type=int, default=100)
@@ -207,21 +207,20 @@ class ClientError(ValueError):
 
 
 def tokenizer_source(args: argparse.Namespace) -> Path | None:
-    """The tokenizer's model path (None: the default model's)."""
+    """The tokenizer's model path (None: the default model's). Without --tokenizer: --model
+    when it is a local path, else the model the server's GET /v1/models lists (the one named
+    --model, or its first): its id or vLLM's ``root`` when that is a local path, or the default
+    model by name. Anything else is a ClientError asking for --tokenizer."""
     from tandem.model_source import DEFAULT_MODEL_NAME, ModelSourceError, resolve_model
 
     name = args.tokenizer
     if name is None:
         if args.model and Path(args.model).expanduser().exists():
             name = args.model
-        else:
-            served = args.model or _served_model(args)
-            if served != DEFAULT_MODEL_NAME:
-                raise ClientError(
-                    f"the server serves {served!r}: pass --tokenizer with its model "
-                    "directory or .gguf (a local path; nothing is downloaded)"
-                )
+        elif args.model == DEFAULT_MODEL_NAME:
             return None
+        else:
+            name = _served_model_path(args)
     if name == "default":
         return None
     try:
@@ -233,13 +232,37 @@ def tokenizer_source(args: argparse.Namespace) -> Path | None:
         ) from None
 
 
-def _served_model(args: argparse.Namespace) -> str | None:
+def _served_model_path(args: argparse.Namespace) -> str:
+    """A local path (or 'default') for the model the server says it serves."""
+    from tandem.model_source import DEFAULT_MODEL_NAME
+
+    url = args.base_url.rstrip("/") + "/v1/models"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        r = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-        return None
+        listed = httpx.get(url, headers=headers, timeout=10).raise_for_status().json()["data"]
+        models = {str(m["id"]): m for m in listed}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ClientError(
+            f"could not read the served model from {url} ({type(e).__name__}: {e}): pass "
+            "--tokenizer with its model directory or .gguf"
+        ) from None
+    if not models:
+        raise ClientError(f"{url} lists no model: pass --tokenizer")
+    served = args.model or next(iter(models))
+    if served not in models:
+        raise ClientError(
+            f"the server does not list {served!r} (it serves {sorted(models)}): pass "
+            "--tokenizer with its model directory or .gguf"
+        )
+    for candidate in (served, models[served].get("root")):
+        if isinstance(candidate, str) and Path(candidate).expanduser().exists():
+            return candidate
+    if served == DEFAULT_MODEL_NAME:
+        return "default"
+    raise ClientError(
+        f"the server serves {served!r}: pass --tokenizer with its model directory or .gguf "
+        "(a local path; nothing is downloaded)"
+    )
 
 
 def build_dataset(args: argparse.Namespace) -> list[RequestSpec]:

@@ -150,7 +150,7 @@ async def _sampler(
                 ("kv_usage", "tandem_kv_cache_usage_ratio"),
                 ("running", "tandem_num_requests_running"),
                 ("waiting", "tandem_num_requests_waiting"),
-                ("retractions", "tandem_num_retractions"),
+                ("retractions", "tandem_num_retractions_total"),
             ):
                 s[key] = parse_metric(text, name)
         except httpx.HTTPError as e:

@@ -78,7 +78,17 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing token list into text deltas, holding back incomplete UTF-8."""
+    """Turns a growing token list into text deltas, holding back incomplete UTF-8.
+
+    The tokens of the last output (its window; at first, the prompt's last few) are decoded
+    with the new ones after them; once that text is longer than the window's own and does not
+    end in U+FFFD, what it adds is output and the window moves on. A fast tokenizer with no
+    Python-side clean-up has tokenizers' ``DecodeStream`` do this in Rust (one call per
+    ``add``); any other decodes twice per ``add`` here. The windows are tracked either way:
+    where a window's text is not a prefix of the longer text (an ill-formed byte run under
+    byte fallback) the stream raises, and the rest of the request is decoded here from the
+    same window, so the text never depends on which of the two ran.
+    """
 
     def __init__(
         self,
@@ -91,17 +101,45 @@ class IncrementalDetokenizer:
         self.skip_special = skip_special_tokens
         # A few prompt tokens of context make leading-space handling match a full decode.
         self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
+        # The last output's window is ids[prefix_offset:read_offset].
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        self._stream = self._open_stream()
+
+    def _open_stream(self) -> Any:
+        from tokenizers.decoders import DecodeStream
+        from transformers import PreTrainedTokenizerFast
+
+        hf = self.tokenizer.hf
+        if not isinstance(hf, PreTrainedTokenizerFast) or hf.clean_up_tokenization_spaces:
+            return None
+        # A context ending inside a character stays the window here (the character's end is
+        # not output); the stream would drop that window and output the whole character.
+        if self.ids and self._decode(self.ids).endswith("\ufffd"):
+            return None
+        return DecodeStream(self.ids, skip_special_tokens=self.skip_special)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, new_ids: list[int] | tuple[int, ...]) -> str:
         self.ids.extend(new_ids)
-
-        def dec(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
-
-        prefix = dec(self.ids[self.prefix_offset : self.read_offset])
-        full = dec(self.ids[self.prefix_offset :])
+        if not new_ids:
+            return ""  # nothing new to decode (a trailing stop token was removed)
+        if self._stream is not None:
+            try:
+                text = self._stream.step(self.tokenizer.hf.backend_tokenizer, list(new_ids))
+            except Exception as e:  # tokenizers raises its InvalidPrefix as a plain Exception
+                if "Invalid prefix" not in str(e):
+                    raise
+                self._stream = None  # see the class docstring
+            else:
+                if text is None:
+                    return ""
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                return text
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]

@@ -174,6 +174,7 @@ def prepare(svc: Service, req: a._Prompt) -> tuple[ChatPlan, dict[str, Any]]:
         guided=guided,
         guided_param="tool_choice",
         thinking_budget=budget,
+        continue_final=True,
     )
     sampling: dict[str, Any] = {}
     if plan.guided is not None:
@@ -273,7 +274,7 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
     @app.post(
         "/v1/messages/count_tokens",
         response_model=a.CountTokensResponse,
-        responses={400: {"model": a.ErrorResponse}},
+        responses={400: {"model": a.AnthropicErrorResponse}},
     )
     async def count_tokens(body: a.CountTokensRequest) -> a.CountTokensResponse:
         plan, _ = prepare(svc, body)
@@ -282,7 +283,7 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
     @app.post(
         "/v1/messages",
         response_model=a.MessageResponse,
-        responses={400: {"model": a.ErrorResponse}, 503: {"model": a.ErrorResponse}},
+        responses={400: {"model": a.AnthropicErrorResponse}},
     )
     async def messages(body: a.MessagesRequest, request: Request) -> Response:
         plan, sampling = prepare(svc, body)

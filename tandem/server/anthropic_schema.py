@@ -200,13 +200,13 @@ class MessageResponse(BaseModel):
     usage: Usage
 
 
-class ErrorDetail(BaseModel):
+class AnthropicErrorDetail(BaseModel):
     type: str
     message: str
 
 
-class ErrorResponse(BaseModel):
+class AnthropicErrorResponse(BaseModel):
     """Anthropic's error body."""
 
     type: Literal["error"] = "error"
-    error: ErrorDetail
+    error: AnthropicErrorDetail

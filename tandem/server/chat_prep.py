@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.server.chat_history import normalize_messages, template_error
 from tandem.server.chat_output import ChatOutput
 from tandem.server.errors import RequestError
 from tandem.server.guided import ToolMode, after_reasoning, check_grammar
@@ -29,17 +30,20 @@ def render(
     messages: list[dict[str, Any]],
     template_kwargs: dict[str, Any],
     *,
-    param: str = "messages",
+    continue_final: bool = False,
 ) -> list[int]:
-    """The prompt's token ids. A trailing assistant message is continued (a prefill), not
-    closed; a template that fails is the request's fault (400 with its message)."""
+    """The prompt's token ids, the history normalized first (``chat_history``: what strict
+    templates accept). ``continue_final``: a trailing assistant message is continued (a
+    prefill, as Anthropic's API has it), not closed. A template that fails is the request's
+    fault (400 with its message)."""
+    messages = normalize_messages(messages)
     kwargs = dict(template_kwargs)
-    if messages and messages[-1]["role"] == "assistant" and "continue_final_message" not in kwargs:
+    if continue_final and messages and messages[-1]["role"] == "assistant":
         kwargs.update(add_generation_prompt=False, continue_final_message=True)
     try:
         return svc.tokenizer.apply_chat_template(messages, **kwargs)
-    except Exception as e:  # template errors are the request's fault
-        raise RequestError(f"chat template failed: {e}", param=param) from None
+    except Exception as e:  # template errors (raise_exception too) are the request's fault
+        raise template_error(e) from None
 
 
 def think_budget_grammar(inside: bool, budget: int, param: str) -> tuple[str, str]:
@@ -63,8 +67,9 @@ def plan_chat(
     guided: tuple[str, str] | None,
     guided_param: str,
     thinking_budget: int | None = None,
+    continue_final: bool = False,
 ) -> ChatPlan:
-    ids = render(svc, messages, template_kwargs)
+    ids = render(svc, messages, template_kwargs, continue_final=continue_final)
     reasoning = svc.thinks if separate_reasoning is None else separate_reasoning
     if tools is not None and tools.choice == "auto" and svc.tool_format is None:
         raise RequestError(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
+# Engine stats that are current values: stats key -> (metric name, help).
 ENGINE_GAUGES = {
     "running": ("tandem_num_requests_running", "Requests owning KV"),
     "waiting": ("tandem_num_requests_waiting", "Queued requests"),
@@ -13,33 +19,50 @@ ENGINE_GAUGES = {
         "tandem_kv_cache_usage_ratio",
         "Share of the KV budget held by live requests (cached prefixes not counted)",
     ),
-    "prefix_cache_queried_tokens": (
-        "tandem_prefix_cache_queried_tokens",
-        "Prompt tokens looked up in the prefix cache (since start)",
-    ),
-    "prefix_cache_hit_tokens": (
-        "tandem_prefix_cache_hit_tokens",
-        "Prompt tokens served from the prefix cache (since start)",
-    ),
-    "retractions": (
-        "tandem_num_retractions",
-        "Requests retracted (preempted) to fit the KV budget (since start)",
-    ),
-    "engine_restarts": (
-        "tandem_engine_restarts",
-        "Engine processes restarted after one died (since start)",
-    ),
-    "step_failures": (
-        "tandem_engine_step_failures",
-        "Engine steps that raised; their requests were retried or failed (since start)",
-    ),
-    "oom_recoveries": (
-        "tandem_engine_oom_recoveries",
-        "Steps that ran out of device memory and were retried smaller (since start)",
-    ),
     "kv_pages": ("tandem_kv_pages", "Pages in the KV pool"),
     "kv_cached_pages": ("tandem_kv_cached_pages", "KV pages only the prefix cache holds"),
 }
+
+# Engine stats that only grow (totals since the engine started): exported as counters, so
+# rate() works; the exposition adds "_total" to each name.
+ENGINE_COUNTERS = {
+    "prefix_cache_queried_tokens": (
+        "tandem_prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the prefix cache",
+    ),
+    "prefix_cache_hit_tokens": (
+        "tandem_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache",
+    ),
+    "retractions": (
+        "tandem_num_retractions",
+        "Requests retracted (preempted) to fit the KV budget",
+    ),
+    "engine_restarts": (
+        "tandem_engine_restarts",
+        "Engine processes restarted after one died",
+    ),
+    "step_failures": (
+        "tandem_engine_step_failures",
+        "Engine steps that raised; their requests were retried or failed",
+    ),
+    "oom_recoveries": (
+        "tandem_engine_oom_recoveries",
+        "Steps that ran out of device memory and were retried smaller",
+    ),
+}
+
+
+class EngineTotals(Collector):
+    """The engine's running totals as counters. The engine keeps them, so they are read at
+    each scrape (``stats``, set by ``Metrics.render``), not counted here."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for key, (name, doc) in ENGINE_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=self.stats.get(key, 0))
 
 
 class Metrics:
@@ -65,10 +88,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        # Engine stats mirrored one to one: stats key -> (metric name, help).
+        # Engine stats mirrored one to one: gauges for current values, counters for totals.
         self.engine = {
             key: Gauge(name, doc, registry=r) for key, (name, doc) in ENGINE_GAUGES.items()
         }
+        self.engine_totals = EngineTotals()
+        r.register(self.engine_totals)
         self.prefix_hit_rate = Gauge(
             "tandem_prefix_cache_hit_rate",
             "Share of prompt tokens served from the prefix cache (since start)",
@@ -78,6 +103,7 @@ class Metrics:
     def render(self, stats: dict) -> bytes:
         for key, gauge in self.engine.items():
             gauge.set(stats.get(key, 0))
+        self.engine_totals.stats = stats
         queried = stats.get("prefix_cache_queried_tokens", 0)
         hits = stats.get("prefix_cache_hit_tokens", 0)
         self.prefix_hit_rate.set(hits / queried if queried else 0.0)

@@ -13,11 +13,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tandem.frontend.fim import fim_prompt, fim_tokens
 from tandem.sampling_params import INT_MAX, SamplingParams, check_vocab
 from tandem.server.chat_output import ChatOutput
+from tandem.server.chat_prep import plan_chat
 from tandem.server.errors import RequestError
-from tandem.server.guided import after_reasoning
-from tandem.server.reasoning import starts_inside
+from tandem.server.logprobs_format import LogprobsFormatter
 from tandem.server.requests import (
     ChatRequest,
     CompletionRequest,
@@ -90,8 +91,7 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
 
         offsets = [0] * len(jobs)  # completions' text_offset, per choice
 
-        def tok(t: int) -> str:
-            return svc.tokenizer.decode([t])
+        lp_format = LogprobsFormatter(svc.tokenizer)  # unique token strings, token bytes
 
         echo = getattr(req, "echo", False)
         score_only = getattr(req, "score_only", False)
@@ -122,49 +122,18 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
             if lps is None:
                 return None
             if chat:
-                content = []
-                for t, (lp, top) in zip(ids, lps, strict=False):
-                    s = tok(t)
-                    content.append(
-                        {
-                            "token": s,
-                            "logprob": lp,
-                            "bytes": list(s.encode()),
-                            "top_logprobs": [
-                                {"token": tok(a), "logprob": v, "bytes": list(tok(a).encode())}
-                                for a, v in top
-                            ],
-                        }
-                    )
-                return {"content": content}
+                return lp_format.chat(ids, lps)
             pairs = list(zip(ids, lps, strict=False))
             if plps is not None and echo:
                 pairs = prompt_entries(i, plps) + pairs
-            strs = [tok(t) for t, _ in pairs]
-            text_offset = []
-            for s in strs:
-                text_offset.append(offsets[i])
-                offsets[i] += len(s)
-            return {
-                "tokens": strs,
-                "token_logprobs": [e[0] if e else None for _, e in pairs],
-                "top_logprobs": [{tok(a): v for a, v in e[1]} if e else None for _, e in pairs],
-                "text_offset": text_offset,
-            }
+            context = [] if plps is not None and echo else jobs[i][0]
+            out, offsets[i] = lp_format.completion(i, pairs, offsets[i], context)
+            return out
 
         def prompt_logprobs_field(i: int, plps: list[Any]) -> list[Any]:
             """The ``prompt_logprobs`` extension: None for the first prompt token, then each
             token's log-probability and the top-k there."""
-            out: list[Any] = [None]
-            for t, (lp, top) in zip(jobs[i][0][1:], plps, strict=False):
-                out.append(
-                    {
-                        "token": tok(t),
-                        "logprob": lp,
-                        "top_logprobs": [{"token": tok(a), "logprob": v} for a, v in top],
-                    }
-                )
-            return out
+            return lp_format.prompt(jobs[i][0], plps)
 
         def choice(
             i: int,
@@ -307,11 +276,13 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
                         }
                     )
                 left = len(jobs)
+                failed = False  # a choice ended with an error event: not an ok request
                 while left:
                     i, item = await queue.get()
                     if isinstance(item, Exception):
                         kind = item.kind if isinstance(item, RequestError) else "server_error"
                         yield sse({"error": {"message": str(item), "type": kind}})
+                        failed = True
                         left -= 1
                         continue
                     counts[i] = item.num_tokens
@@ -357,7 +328,7 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
                         }
                     )
                 yield b"data: [DONE]\n\n"
-                svc.metrics.requests.labels(endpoint, "ok").inc()
+                svc.metrics.requests.labels(endpoint, "error" if failed else "ok").inc()
             finally:
                 for t in tasks:
                     t.cancel()  # a disconnected client aborts its requests
@@ -365,46 +336,56 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    fim = fim_tokens(svc.tokenizer)  # this tokenizer's fill-in-the-middle layout, if any
+
+    def fim_prompts(req: CompletionRequest, suffix: str) -> list[list[int]]:
+        if fim is None:
+            raise RequestError(
+                "'suffix' needs a model with fill-in-the-middle tokens; this one has none",
+                param="suffix",
+            )
+        if fim.stop_ids:  # the family's end-of-middle token ends the output too
+            stops = req.sampling.get("stop_token_ids", ())
+            req.sampling["stop_token_ids"] = (*stops, *fim.stop_ids)
+        try:
+            # Text prompts only: parse_completion refuses token ids with a suffix.
+            return [fim_prompt(fim, svc.tokenizer, str(p), suffix) for p in req.prompts]
+        except ValueError as e:
+            raise RequestError(str(e), param="suffix") from None
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         req: CompletionRequest = parse_completion(
             await svc.read_json(request), svc.tokenizer.vocab_size
         )
         svc.check_model(req.model)
-        prompts = [svc.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
+        if req.suffix is not None:
+            prompts = fim_prompts(req, req.suffix)
+        else:
+            prompts = [svc.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
         return await generate(request, "completions", req, prompts, 16, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatRequest = parse_chat(await svc.read_json(request))
         svc.check_model(req.model)
-        try:
-            ids = svc.tokenizer.apply_chat_template(req.messages, **req.template_kwargs)
-        except Exception as e:  # template errors are the request's fault
-            raise RequestError(f"chat template failed: {e}", param="messages") from None
-        reasoning = svc.thinks if req.separate_reasoning is None else req.separate_reasoning
-        tools = req.tools
-        if tools is not None and tools.choice == "auto" and svc.tool_format is None:
-            raise RequestError(
-                "this model's tool-call format is unknown (start the server with "
-                "--tool-call-format); use tool_choice 'required' or a named function",
-                param="tools",
-            )
-        inside = reasoning and starts_inside(
-            svc.tokenizer.decode(ids[-8:], skip_special_tokens=False)
+        plan = plan_chat(
+            svc,
+            req.messages,
+            template_kwargs=req.template_kwargs,
+            tools=req.tools,
+            separate_reasoning=req.separate_reasoning,
+            guided=req.sampling.get("guided"),
+            guided_param=req.guided_param,
         )
-        guided = req.sampling.get("guided")
-        if reasoning and guided is not None and guided[0] == "grammar" and inside:
-            # A user grammar is the whole output: nothing of it is reasoning.
-            reasoning = inside = False
-        elif reasoning and guided is not None:
-            # The model thinks freely first; the constraint holds after </think>.
-            req.sampling["guided"] = after_reasoning(guided, inside, req.guided_param)
-
-        def shaper() -> ChatOutput:
-            fmt = svc.tool_format if tools is not None and tools.choice == "auto" else None
-            return ChatOutput(reasoning=reasoning, inside=inside, tools=tools, fmt=fmt)
-
+        if plan.guided is not None:
+            req.sampling["guided"] = plan.guided
         return await generate(
-            request, "chat", req, [ids], svc.settings.default_max_tokens, chat=True, shaper=shaper
+            request,
+            "chat",
+            req,
+            [plan.ids],
+            svc.settings.default_max_tokens,
+            chat=True,
+            shaper=plan.shaper,
         )

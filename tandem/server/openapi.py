@@ -400,7 +400,12 @@ def completion_request_schema() -> Schema:
             "best_of": _int(
                 1, MAX_N, "Sample best_of >= n per prompt, return the n most likely; not streamed."
             ),
-            "suffix": {"type": "null", "description": "Not supported: null or absent only."},
+            "suffix": {
+                "type": ["string", "null"],
+                "description": "Fill-in-the-middle: the text after the insertion point (each "
+                "prompt is the text before it). Needs FIM tokens in the model's vocabulary and "
+                "text prompts; not with echo. Empty or null: a plain completion.",
+            },
             "top_logprobs": {"enum": [0, None], "description": "Chat's; here only 0 or null."},
             "tools": {
                 "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
@@ -709,8 +714,31 @@ def patch_openapi(schema: Schema) -> Schema:
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             codes = ("400", "401", "404", "413") if "requestBody" in operation else ("401",)
+            if path in STREAMING_PATHS:
+                codes += ("503",)
+                content = responses.setdefault("200", {}).setdefault("content", {})
+                content["text/event-stream"] = {"schema": _named_sse_event()}
             responses.update({code: _error(code) for code in codes})
+            if path.startswith("/v1/messages"):  # Anthropic's error body there
+                for code in codes:
+                    body = responses[code]["content"]["application/json"]
+                    body["schema"] = _ref("AnthropicErrorResponse")
     return out
+
+
+# Pydantic-typed generation routes that stream (events named by an event: line).
+STREAMING_PATHS = ("/v1/messages", "/v1/responses")
+
+
+def _named_sse_event() -> Schema:
+    return {
+        "type": "object",
+        "properties": {
+            "event": {"type": "string", "description": "The event's type."},
+            "data": {"type": "string", "description": "The event as JSON (its type again)."},
+        },
+        "required": ["event", "data"],
+    }
 
 
 def install_openapi(app: FastAPI) -> None:

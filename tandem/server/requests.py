@@ -29,7 +29,6 @@ MAX_MESSAGES = 1024
 # Neutral values of fields later issues implement: accepted only as these.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (None, 0),
-    "suffix": (None,),
     # Completions have no tools (chat parses them).
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -61,7 +60,7 @@ _COMMON = {
     "response_format",
     *GUIDED_FIELDS,
 }
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {
     "messages",
     "max_completion_tokens",
@@ -97,6 +96,7 @@ class GenerationRequest:
 class CompletionRequest(GenerationRequest):
     prompts: list[str | list[int]] = field(default_factory=list)
     score_only: bool = False  # max_tokens 0 with echo: the prompt (and its logprobs) only
+    suffix: str | None = None  # fill-in-the-middle: each (text) prompt is the prefix
 
 
 @dataclass
@@ -300,10 +300,11 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
             "token ids or list of token-id lists",
             param="prompt",
         )
+    suffix = _suffix(body, prompts)
     for p in prompts:
         if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
             raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
-        if isinstance(p, str) and not p:
+        if isinstance(p, str) and not p and suffix is None:  # FIM: the cursor may be first
             raise RequestError("'prompt' must not be empty", param="prompt")
     common = _common(body)
     k = body.get("logprobs")
@@ -329,8 +330,28 @@ def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
     if score_only and best_of is not None and best_of > common["n"]:
         raise RequestError("'best_of' needs max_tokens of at least 1", param="best_of")
     return CompletionRequest(
-        **common, prompts=prompts, echo=echo, best_of=best_of, score_only=score_only
+        **common,
+        prompts=prompts,
+        echo=echo,
+        best_of=best_of,
+        score_only=score_only,
+        suffix=suffix,
     )
+
+
+def _suffix(body: dict[str, Any], prompts: list[str | list[int]]) -> str | None:
+    """Fill-in-the-middle's text after the cursor (None or "": a plain completion). Every
+    prompt must be text, and echo is refused: which text would it echo?"""
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise RequestError("'suffix' must be a string", param="suffix")
+    if not suffix:
+        return None
+    if any(isinstance(p, list) for p in prompts):
+        raise RequestError("'suffix' needs a text prompt, not token ids", param="suffix")
+    if _flag(body, "echo"):
+        raise RequestError("'echo' cannot be combined with 'suffix'", param="suffix")
+    return suffix
 
 
 def parse_chat(body: Any) -> ChatRequest:

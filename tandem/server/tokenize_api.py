@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.frontend.tokenizer import Tokenizer
+from tandem.server.chat_history import normalize_messages, template_error
 from tandem.server.requests import MAX_MESSAGES, RequestError, parse_chat
 
 MAX_DETOKENIZE = 1 << 20  # token ids per /detokenize body
@@ -127,13 +128,13 @@ def install_tokenize_routes(
                 kwargs["continue_final_message"] = True
             try:
                 ids = tokenizer.apply_chat_template(
-                    req.messages,
+                    normalize_messages(req.messages),  # as the chat route renders them
                     add_generation_prompt=body.add_generation_prompt,
                     add_special_tokens=body.add_special_tokens,
                     **kwargs,
                 )
             except Exception as e:  # template errors are the request's fault
-                raise RequestError(f"chat template failed: {e}", param="messages") from None
+                raise template_error(e) from None
         return TokenizeResponse(
             count=len(ids),
             max_model_len=max_model_len,

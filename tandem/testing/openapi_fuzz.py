@@ -45,7 +45,7 @@ from tandem.testing.live_server import process_tree_rss
 MIB = 1 << 20
 # Operations with side effects on every other request: not fuzzed.
 SKIPPED = ["/pause", "/resume"]
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses")
 # Settings that keep every accepted request short on a tiny model: a huge max_tokens is a 400
 # (context length), and chat without max_tokens generates 16 tokens.
 SERVER_ARGS = ("--max-model-len", "256", "--default-max-tokens", "16")
@@ -53,12 +53,20 @@ MAX_EXAMPLES_KEPT = 30  # failing / notable requests kept per kind in the summar
 BODY_CHARS = 600
 
 
-def check_error_body(body: bytes) -> str | None:
-    """None if ``body`` is an OpenAI error body, else what is wrong with it."""
+def check_error_body(body: bytes, path: str = "") -> str | None:
+    """None if ``body`` is the error body of the path's API (OpenAI's; Anthropic's under
+    /v1/messages), else what is wrong with it."""
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return "error body is not JSON"
+    if path.startswith("/v1/messages"):
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or obj.get("type") != "error" or not isinstance(err, dict):
+            return "not an Anthropic error body"
+        if not all(isinstance(err.get(k), str) and err[k] for k in ("type", "message")):
+            return "error.type / error.message are not non-empty strings"
+        return None
     err = obj.get("error") if isinstance(obj, dict) else None
     if not isinstance(err, dict):
         return "error body has no 'error' object"
@@ -73,13 +81,34 @@ def check_error_body(body: bytes) -> str | None:
     return None
 
 
-def check_event_stream(body: bytes, cut_short: bool) -> str | None:
-    """None if an SSE body is well formed, has no error event and ends with [DONE]."""
+# The last event of a whole stream of the APIs whose events are named.
+LAST_EVENT = {
+    "/v1/messages": ("message_stop",),
+    "/v1/responses": ("response.completed", "response.incomplete"),
+}
+
+
+def check_event_stream(body: bytes, cut_short: bool, path: str = "") -> str | None:
+    """None if an SSE body is well formed, has no error event and ends as its API ends a
+    stream ([DONE] for OpenAI's, the closing event for Anthropic's and Responses')."""
     events = [
         line[5:].strip()
         for line in body.decode("utf-8", "replace").splitlines()
         if line.startswith("data:")
     ]
+    if path in LAST_EVENT:
+        types = []
+        for data in events:
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                return f"stream event is not JSON: {data[:200]}"
+            types.append(obj.get("type") if isinstance(obj, dict) else None)
+            if types[-1] in ("error", "response.failed"):
+                return f"error event in a 200 stream: {data[:300]}"
+        if not cut_short and (not types or types[-1] not in LAST_EVENT[path]):
+            return f"stream does not end with {LAST_EVENT[path]}"
+        return None
     for data in events:
         if data == "[DONE]":
             continue
@@ -181,13 +210,13 @@ class FuzzRun:
             detail = response.content.decode("utf-8", "replace")
             self._record("server_error", case, mode, phase, status, detail)
         elif status >= 400:
-            problem = check_error_body(response.content)
+            problem = check_error_body(response.content, case.operation.path)
             if problem is not None:
                 detail = f"{problem}: {response.content[:300]!r}"
                 self._record("error_shape", case, mode, phase, status, detail)
             elif mode == "positive" and case.method == "POST":
                 err = json.loads(response.content)["error"]
-                param = str(err["param"])
+                param = f"{case.operation.path} {err.get('param')}"
                 self.rejected_valid[param] += 1
                 self.rejected_valid_example.setdefault(
                     param, {"message": err["message"][:200], "body": _dump(case.body)}
@@ -195,7 +224,9 @@ class FuzzRun:
         content_type = response.headers.get("content-type", [""])[0]
         if status == 200 and content_type.startswith("text/event-stream"):
             self.streams_cut_short += response.stream_cut_short
-            problem = check_event_stream(response.content, response.stream_cut_short)
+            problem = check_event_stream(
+                response.content, response.stream_cut_short, case.operation.path
+            )
             if problem is not None:
                 self._record("stream", case, mode, phase, status, problem)
         if status < 500:  # schema honesty: what came back is what /openapi.json says
@@ -249,9 +280,14 @@ def narrow(
     (negative bodies still test both bounds)."""
     doc = copy.deepcopy(document)
     schemas = doc.get("components", {}).get("schemas", {})
-    for name in ("CompletionRequest", "ChatCompletionRequest"):
+    for name in (
+        "CompletionRequest",
+        "ChatCompletionRequest",
+        "MessagesRequest",
+        "ResponsesRequest",
+    ):
         props = schemas.get(name, {}).get("properties", {})
-        for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens"):
             for node in _nodes(props.get(key)):
                 if max_model_len and node.get("type") == "integer":
                     node["maximum"] = max_model_len

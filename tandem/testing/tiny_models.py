@@ -169,9 +169,11 @@ def _base_config(
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer_json(trained_vocab: int, total_vocab: int) -> str:
+def _tokenizer_json(trained_vocab: int, total_vocab: int, extra_special: tuple[str, ...]) -> str:
     """Byte-level BPE trained on CORPUS up to ``trained_vocab`` ids, then padded with
-    never-produced (but decodable) tokens to exactly ``total_vocab`` ids."""
+    never-produced (but decodable) tokens to exactly ``total_vocab`` ids. ``extra_special``
+    tokens follow SPECIAL_TOKENS (e.g. fill-in-the-middle markers)."""
+    special = (*SPECIAL_TOKENS, *extra_special)
     if trained_vocab > total_vocab:
         raise ValueError(f"tokenizer vocab {trained_vocab} exceeds model vocab {total_vocab}")
     tok = Tokenizer(models.BPE())
@@ -180,14 +182,14 @@ def _tokenizer_json(trained_vocab: int, total_vocab: int) -> str:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=trained_vocab,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS], trainer=trainer)
     data = json.loads(tok.to_str())
     vocab: dict[str, int] = data["model"]["vocab"]
-    base = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in SPECIAL_TOKENS]
+    base = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in special]
     fill = ("".join(p) for r in itertools.count(2) for p in itertools.product(base, repeat=r))
     while len(vocab) < total_vocab:
         token = next(fill)
@@ -196,8 +198,15 @@ def _tokenizer_json(trained_vocab: int, total_vocab: int) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def _write_tokenizer(path: Path, trained_vocab: int, total_vocab: int) -> dict[str, int]:
-    text = _tokenizer_json(trained_vocab, total_vocab)
+def _write_tokenizer(
+    path: Path,
+    trained_vocab: int,
+    total_vocab: int,
+    extra_special: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
+) -> dict[str, int]:
+    text = _tokenizer_json(trained_vocab, total_vocab, extra_special)
+    additional = [*SPECIAL_TOKENS[1:], *extra_special]
     (path / "tokenizer.json").write_text(text, encoding="utf-8")
     ids = {t: Tokenizer.from_str(text).token_to_id(t) for t in SPECIAL_TOKENS}
     tok_config = {
@@ -209,13 +218,13 @@ def _write_tokenizer(path: Path, trained_vocab: int, total_vocab: int) -> dict[s
         "add_bos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 131072,
-        "chat_template": CHAT_TEMPLATE,
-        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "chat_template": chat_template,
+        "additional_special_tokens": additional,
     }
     special_map = {
         "eos_token": EOS_TOKEN,
         "pad_token": PAD_TOKEN,
-        "additional_special_tokens": list(SPECIAL_TOKENS[1:]),
+        "additional_special_tokens": additional,
     }
     _dump(path / "tokenizer_config.json", tok_config)
     _dump(path / "special_tokens_map.json", special_map)
@@ -289,11 +298,19 @@ def _write_weights(path: Path, config: dict[str, Any], seed: int, dtype: mx.Dtyp
 
 
 def _write_model(
-    path: Path, config: dict[str, Any], seed: int, dtype: str, tokenizer_vocab: int
+    path: Path,
+    config: dict[str, Any],
+    seed: int,
+    dtype: str,
+    tokenizer_vocab: int,
+    extra_special: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    ids = _write_tokenizer(path, tokenizer_vocab, config["vocab_size"])
+    ids = _write_tokenizer(
+        path, tokenizer_vocab, config["vocab_size"], extra_special, chat_template
+    )
     eos = ids[EOS_TOKEN]
     config = {**config, "torch_dtype": dtype, "bos_token_id": None, "eos_token_id": eos}
     _dump(path / "config.json", config)
@@ -312,10 +329,16 @@ def make_tiny_model(
     hidden_size: int = 64,
     num_layers: int = 2,
     tie_word_embeddings: bool | None = None,
+    extra_special_tokens: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
-    """Write a tiny random ``arch`` model (4 heads, 2 kv heads) into ``path``; returns it."""
+    """Write a tiny random ``arch`` model (4 heads, 2 kv heads) into ``path``; returns it.
+    ``extra_special_tokens`` (e.g. fill-in-the-middle markers) join the tokenizer's special
+    tokens; ``chat_template`` replaces the ChatML one."""
     config = _base_config(arch, vocab_size, hidden_size, num_layers, tie_word_embeddings)
-    return _write_model(path, config, seed, dtype, vocab_size)
+    return _write_model(
+        path, config, seed, dtype, vocab_size, tuple(extra_special_tokens), chat_template
+    )
 
 
 def make_random_model(

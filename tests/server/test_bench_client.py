@@ -185,3 +185,60 @@ def test_bench_serve_tokenizer_and_seed_choices(tiny_model_dir, capsys):
     assert f"--seed {first.seed}" in capsys.readouterr().out
     again = args(*common, "--seed", str(first.seed))
     assert [s.prompt for s in serve_client.build_dataset(again)] == prompts[0]
+
+
+@pytest.fixture
+def models_server():
+    """A server whose GET /v1/models answers with ``listing`` (set by the test)."""
+    listing: list[dict] = []
+
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": listing})
+
+    port = free_port()
+    app = Starlette(routes=[Route("/v1/models", models)])
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}", listing
+    server.should_exit = True
+    thread.join(5)
+
+
+def test_bench_serve_takes_the_tokenizer_from_the_servers_model_list(
+    tiny_model_dir, models_server, capsys
+):
+    """Without --tokenizer (and no --model path): the listed model's id or root when it is a
+    local path, the default model by name, else a clear error; also when nothing answers."""
+    from tandem.bench import serve_client
+    from tandem.cli import build_parser, main
+    from tandem.model_source import DEFAULT_MODEL_NAME
+
+    url, listing = models_server
+    path = tiny_model_dir("llama")
+
+    def source(*extra: str):
+        args = build_parser().parse_args(["bench", "serve", "--base-url", url, *extra])
+        return serve_client.tokenizer_source(args)
+
+    listing[:] = [{"id": str(path)}]
+    assert source() == path
+    listing[:] = [{"id": "other", "root": "/no/such/dir"}, {"id": "tiny", "root": str(path)}]
+    assert source("--model", "tiny") == path
+    listing[:] = [{"id": DEFAULT_MODEL_NAME}]
+    assert source() is None
+    listing[:] = [{"id": "tiny"}]
+    with pytest.raises(serve_client.ClientError, match="serves 'tiny': pass --tokenizer"):
+        source()
+    with pytest.raises(serve_client.ClientError, match="does not list 'other'"):
+        source("--model", "other")
+    listing[:] = []
+    with pytest.raises(serve_client.ClientError, match="lists no model"):
+        source()
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert main(["bench", "serve", "--base-url", nobody, "--num-prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not read the served model from {nobody}/v1/models" in err
+    assert "pass --tokenizer" in err and "Traceback" not in err

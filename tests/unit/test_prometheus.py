@@ -1,0 +1,48 @@
+"""/metrics exposition: engine totals are counters (rate() works), current values gauges."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tandem.server.metrics import ENGINE_COUNTERS, ENGINE_GAUGES, Metrics
+
+STATS = {
+    "running": 2,
+    "waiting": 1,
+    "kv_usage": 0.25,
+    "kv_pages": 64,
+    "kv_cached_pages": 3,
+    "prefix_cache_queried_tokens": 400,
+    "prefix_cache_hit_tokens": 100,
+    "retractions": 5,
+    "engine_restarts": 1,
+    "step_failures": 2,
+    "oom_recoveries": 1,
+}
+
+
+def families(text: bytes) -> dict[str, tuple[str, dict[str, float]]]:
+    return {
+        f.name: (f.type, {s.name: s.value for s in f.samples})
+        for f in text_string_to_metric_families(text.decode())
+    }
+
+
+def test_engine_totals_are_counters_ending_in_total_and_current_values_are_gauges():
+    got = families(Metrics().render(STATS))
+    for key, (name, _) in ENGINE_COUNTERS.items():
+        assert got[name] == ("counter", {f"{name}_total": STATS[key]}), name
+    for key, (name, _) in ENGINE_GAUGES.items():
+        assert got[name] == ("gauge", {name: STATS[key]}), name
+    assert got["tandem_prefix_cache_hit_rate"] == ("gauge", {"tandem_prefix_cache_hit_rate": 0.25})
+
+
+def test_every_engine_stat_is_exported_once_and_counters_follow_each_scrape():
+    assert set(ENGINE_COUNTERS).isdisjoint(ENGINE_GAUGES)
+    m = Metrics()
+    m.render(STATS)
+    later = families(m.render({**STATS, "retractions": 9}))
+    assert later["tandem_num_retractions"][1] == {"tandem_num_retractions_total": 9}
+    assert families(Metrics().render({}))["tandem_engine_restarts"][1] == {
+        "tandem_engine_restarts_total": 0
+    }
