@@ -96,9 +96,17 @@ def run(args: argparse.Namespace) -> dict:
             )
             return sum(len(x) for x in r.token_ids) / (time.perf_counter() - t)
 
-        mlx()
-        result[f"mlx_lm_{name}_tok_s"] = statistics.median(mlx() for _ in range(args.repeats))
+        try:
+            mlx()
+            result[f"mlx_lm_{name}_tok_s"] = statistics.median(mlx() for _ in range(args.repeats))
+        except RuntimeError as e:  # e.g. mlx-lm's padded batch cache out of device memory
+            result[f"mlx_lm_{name}_error"] = str(e)[:200]
+            print(f"mlx-lm {name}: {e}", flush=True)
+            break
     model = None
+    import mlx.core as mx
+
+    mx.clear_cache()
     llm = LLM(str(path), max_num_seqs=max(b, 8), **json.loads(args.engine_options))
     for name, (prompts, short) in cases.items():
         tandem_run(llm, prompts, args.output_len, short)  # warm-up (kernel JIT)
@@ -108,9 +116,10 @@ def run(args: argparse.Namespace) -> dict:
     result["tandem_short_decode_ratio_with_long"] = (
         result["tandem_one_long"]["short_decode_tok_s"] / base
     )
-    result["mlx_lm_one_long_over_uniform"] = (
-        result["mlx_lm_one_long_tok_s"] / result["mlx_lm_uniform_tok_s"]
-    )
+    if "mlx_lm_one_long_tok_s" in result:
+        result["mlx_lm_one_long_over_uniform"] = (
+            result["mlx_lm_one_long_tok_s"] / result["mlx_lm_uniform_tok_s"]
+        )
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -117,7 +117,10 @@ class IncrementalDetokenizer:
         # not output); the stream would drop that window and output the whole character.
         if self.ids and self._decode(self.ids).endswith("\ufffd"):
             return None
-        return DecodeStream(self.ids, skip_special_tokens=self.skip_special)
+        try:
+            return DecodeStream(self.ids, skip_special_tokens=self.skip_special)
+        except TypeError:  # tokenizers before 0.23 (e.g. a device image's): no prompt context
+            return None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)

@@ -297,7 +297,7 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
         stops = list(body.stop_sequences or [])
         svc.check_capacity(1)
         shaper = plan.shaper()
-        keep_special = shaper.fmt == "mistral"  # its [TOOL_CALLS] is a special token
+        keep_special = plan.keep_special
         mid = "msg_" + uuid.uuid4().hex
         model = svc.settings.served_model_name
         prompt = len(plan.ids)

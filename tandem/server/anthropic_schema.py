@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tandem.server.requests import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from tandem.server.openai_schema import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
 from tandem.server.tool_calls import MAX_TOOLS
 
 

@@ -5,17 +5,19 @@ here, in the HTTP process; the engine core only sees token ids."""
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.frontend.engine_client import EngineClient, EngineDeadError
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.server.anthropic_routes import anthropic_error, install_anthropic_routes
-from tandem.server.errors import RequestError
+from tandem.server.errors import RequestError, invalid_body
+from tandem.server.openai_output_schema import ModelList
 from tandem.server.openai_routes import install_openai_routes
 from tandem.server.openapi import install_openapi
 from tandem.server.responses_routes import install_responses_routes
@@ -36,21 +38,19 @@ def error_response(e: RequestError, path: str = "") -> JSONResponse:
 
 
 def validation_error(e: RequestValidationError) -> RequestError:
-    """A pydantic-typed body that does not validate: a 400 naming the first offending field."""
-    errors = e.errors()
-    if not errors:
-        return RequestError("invalid request body")
-    first = errors[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    # A union body (e.g. /tokenize) reports each member's errors under the member's name.
-    loc = [x for x in loc if not x[:1].isupper()]
-    param = ".".join(loc) or None
-    message = first.get("msg", "invalid value").removeprefix("Value error, ")
-    head = message.split(": ", 1)[0]
-    if param is None and head.replace(".", "").replace("[", "").replace("]", "").isidentifier():
-        param = head  # a cross-field rule names its field first ("store: ...")
-        return RequestError(message, param=param)
-    return RequestError(f"{param}: {message}" if param else message, param=param)
+    """A pydantic-typed body that does not validate (or is not JSON): a 400 naming the first
+    offending field."""
+    return invalid_body(e.errors())
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok", "restarting", "unhealthy"]
+    reason: str | None = None
+    engine_restarts: int
+
+
+class SchedulingStatus(BaseModel):
+    status: Literal["paused", "running"]
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSettings) -> FastAPI:
@@ -66,10 +66,14 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, e: StarletteHTTPException):
-        """Routing errors (unknown path 404, wrong method 405) in OpenAI's error shape."""
+        """Routing errors (unknown path 404, wrong method 405) and bodies FastAPI could not
+        read (a 400 whose cause is the JSON decoder's error) in OpenAI's error shape."""
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+        message = str(e.detail)
+        if e.status_code == 400 and isinstance(e.__cause__, ValueError | RecursionError):
+            message = f"malformed JSON: {e.__cause__}"  # e.g. an int past Python's digit limit
         response = error_response(
-            RequestError(str(e.detail), status=e.status_code, kind=kind), request.url.path
+            RequestError(message, status=e.status_code, kind=kind), request.url.path
         )
         response.headers.update(e.headers or {})  # e.g. Allow on a 405
         return response
@@ -89,8 +93,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     install_responses_routes(app, svc)
     install_tokenize_routes(app, tokenizer, max_model_len, svc.check_model)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def models():
+        """The served model."""
         return {
             "object": "list",
             "data": [
@@ -104,8 +109,19 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             ],
         }
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_model=HealthStatus,
+        response_model_exclude_unset=True,  # no reason while ok
+        responses={
+            503: {
+                "model": HealthStatus,
+                "description": "The engine is restarting after its process died, or gone.",
+            }
+        },
+    )
     async def health():
+        """Liveness; never needs the API key."""
         restarts = client.restarts
         if client.restarting:
             body = {"status": "restarting", "reason": None, "engine_restarts": restarts}
@@ -115,18 +131,21 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
             return JSONResponse(body, status_code=503)
         return {"status": "ok", "engine_restarts": restarts}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
+        """Prometheus metrics (text exposition format)."""
         stats = {**client.stats, "engine_restarts": client.restarts}
         return Response(metrics.render(stats), media_type="text/plain; version=0.0.4")
 
-    @app.post("/pause")
+    @app.post("/pause", response_model=SchedulingStatus)
     async def pause():
+        """Stop scheduling (in-flight steps finish; nothing is dropped)."""
         await client.pause()
         return {"status": "paused"}
 
-    @app.post("/resume")
+    @app.post("/resume", response_model=SchedulingStatus)
     async def resume():
+        """Restart scheduling."""
         await client.resume()
         return {"status": "running"}
 
@@ -148,7 +167,25 @@ class _Guard:
             if error is not None:
                 await error_response(error, scope.get("path", ""))(scope, receive, send)
                 return
+            receive = self._bounded(receive)
         await self.app(scope, receive, send)
+
+    def _bounded(self, receive: Any) -> Any:
+        """``receive`` that ends a body past the limit with a 413 (one without a
+        content-length, sent in chunks): FastAPI passes an HTTPException raised while it reads
+        the body on to the app's handler."""
+        limit, read = self.settings.max_body_bytes, 0
+
+        async def bounded() -> Any:
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > limit:
+                    raise StarletteHTTPException(413, f"request body exceeds {limit} bytes")
+            return message
+
+        return bounded
 
     def _check(self, request: Request) -> RequestError | None:
         settings = self.settings

@@ -1,6 +1,7 @@
 """Shape a chat choice's generated text into OpenAI message fields: ``reasoning_content`` (the
-leading ``<think>`` block), ``content`` and ``tool_calls`` — streamed as delta fields, or
-whole. Text in, dicts out; the tokens never change."""
+leading ``<think>`` block, or harmony's analysis channel), ``content`` and ``tool_calls`` —
+streamed as delta fields (a call's arguments as they are generated), or whole. Text in, dicts
+out; the tokens never change."""
 
 from __future__ import annotations
 
@@ -27,9 +28,14 @@ class ChatOutput:
 
     def __post_init__(self) -> None:
         self._splitter = ReasoningSplitter(inside=self.inside) if self.reasoning else None
-        parse = self.tools is not None and self.tools.choice == "auto" and self.fmt is not None
-        self._streamer = tc.ToolCallStreamer(self.fmt) if parse and self.fmt else None
+        auto = self.tools is not None and self.tools.choice == "auto"
+        parse = self.fmt is not None and (auto or self.fmt == "harmony")
+        tools = self.tools.tools if self.tools is not None else None
+        self._streamer = tc.ToolCallStreamer(self.fmt, tools) if parse and self.fmt else None
         self._forced = self.tools if self.tools is not None and self.tools.forced else None
+        self._one_call = self.tools is not None and not self.tools.parallel
+        self._dropping = False  # inside a call parallel_tool_calls=false leaves out
+        self._later: list[tc.Event] = []  # events held for the next delta (see _in_order)
 
     def feed(self, text: str) -> dict[str, Any]:
         """Delta fields for a piece of text (possibly none while a tag is incomplete)."""
@@ -59,35 +65,63 @@ class ChatOutput:
 
     def _shape(self, reasoning: str, content: str, *, final: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if reasoning:
-            out["reasoning_content"] = reasoning
-        new_calls: list[tc.ToolCall] = []
+        deltas: list[dict[str, Any]] = []
         if self._forced is not None:
             self._forced_text.append(content)
             content = ""
             if final:
                 text = "".join(self._forced_text)
-                new_calls = self._forced_calls(text)
-                if not new_calls:
+                calls = self._forced_calls(text)
+                if not calls:
                     content = text  # cut short (max_tokens): the text, not silence
+                for call in calls[: 1 if self._one_call else None]:
+                    cid = tc.make_call_id()
+                    deltas.append(tc.to_openai_delta(call, len(self.calls), cid))
+                    self.calls.append((call, cid))
         elif self._streamer is not None:
-            events = self._streamer.feed(content) if content else []
+            events = self._later + (self._streamer.feed(content) if content else [])
             if final:
                 events += self._streamer.finish()
-            content = "".join(e[1] for e in events if e[0] == "content")  # type: ignore[misc]
-            new_calls = [e[1] for e in events if e[0] == "tool_call"]  # type: ignore[misc]
+            events, self._later = (events, []) if final else _in_order(events)
+            content = "".join(v for k, v in events if k == "content" and isinstance(v, str))
+            reasoning += "".join(v for k, v in events if k == "reasoning" and isinstance(v, str))
+            deltas = self._call_deltas(events)
+        if reasoning:
+            out["reasoning_content"] = reasoning
         if content:
             out["content"] = content
-        if self.tools is not None and not self.tools.parallel:
-            new_calls = new_calls[: max(0, 1 - len(self.calls))]  # parallel_tool_calls: false
-        if new_calls:
-            deltas = []
-            for call in new_calls:
-                cid = tc.make_call_id()
-                deltas.append(tc.to_openai_delta(call, len(self.calls), cid))
-                self.calls.append((call, cid))
+        if deltas:
             out["tool_calls"] = deltas
         return out
+
+    def _call_deltas(self, events: list[tc.Event]) -> list[dict[str, Any]]:
+        """``delta.tool_calls`` entries: a call's first carries its index, id, type, name and
+        the arguments so far; later ones its index and more arguments. Consecutive fragments
+        of one call share an entry."""
+        entries: list[dict[str, Any]] = []
+        for kind, value in events:
+            if kind == "call_start" and isinstance(value, tc.CallStart):
+                self._dropping = self._one_call and len(self.calls) >= 1
+                if self._dropping:
+                    continue
+                cid = value.id or tc.make_call_id()
+                function = {"name": value.name, "arguments": ""}
+                entries.append({"index": len(self.calls), "id": cid, "type": "function"})
+                entries[-1]["function"] = function
+                self.calls.append((tc.ToolCall(value.name, ""), cid))
+            elif kind == "call_args" and isinstance(value, str) and not self._dropping:
+                index = len(self.calls) - 1
+                call, cid = self.calls[index]
+                self.calls[index] = (tc.ToolCall(call.name, call.arguments + value), cid)
+                if entries and entries[-1]["index"] == index:
+                    entries[-1]["function"]["arguments"] += value
+                else:
+                    entries.append({"index": index, "function": {"arguments": value}})
+            elif kind == "tool_call" and isinstance(value, tc.ToolCall):
+                if not self._dropping:
+                    self.calls[-1] = (value, self.calls[-1][1])
+                self._dropping = False
+        return entries
 
     def _forced_calls(self, text: str) -> list[tc.ToolCall]:
         assert self._forced is not None
@@ -95,3 +129,15 @@ class ChatOutput:
             assert self._forced.name is not None
             return [tc.call_from_named(text, self._forced.name)]
         return tc.calls_from_required(text)
+
+
+def _in_order(events: list[tc.Event]) -> tuple[list[tc.Event], list[tc.Event]]:
+    """Events for this delta, and those held for the next. A delta's fields carry no order
+    between them, and consumers read reasoning and content before tool calls; so text that
+    follows a call's events waits for the next delta."""
+    seen_call = False
+    for i, (kind, _) in enumerate(events):
+        if kind in ("content", "reasoning") and seen_call:
+            return events[:i], events[i:]
+        seen_call = seen_call or kind not in ("content", "reasoning")
+    return events, []

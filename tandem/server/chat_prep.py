@@ -5,6 +5,7 @@ Responses, which differ only in how they spell the messages and the output."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +13,17 @@ from typing import Any
 from tandem.server.chat_history import normalize_messages, template_error
 from tandem.server.chat_output import ChatOutput
 from tandem.server.errors import RequestError
-from tandem.server.guided import ToolMode, after_reasoning, check_grammar
+from tandem.server.guided import (
+    ToolMode,
+    after_reasoning,
+    check_grammar,
+    strict_tool_grammar,
+    think_block,
+    think_tag_ids,
+)
 from tandem.server.reasoning import starts_inside
 from tandem.server.service import Service
+from tandem.server.tool_calls import keeps_special_tokens
 
 
 @dataclass
@@ -23,6 +32,7 @@ class ChatPlan:
     guided: tuple[str, str] | None  # the output constraint (kind, spec)
     reasoning: bool  # a leading think block is split off as reasoning
     shaper: Callable[[], ChatOutput]  # one per choice
+    keep_special: bool = False  # decode with special tokens kept (markers the shaper reads)
 
 
 def render(
@@ -46,15 +56,13 @@ def render(
         raise template_error(e) from None
 
 
-def think_budget_grammar(inside: bool, budget: int, param: str) -> tuple[str, str]:
+def think_budget_grammar(
+    inside: bool, budget: int, param: str, ids: dict[str, int] | None = None
+) -> tuple[str, str]:
     """A Lark grammar capping the leading think block at ``budget`` tokens: once they are
     spent, ``</think>`` is the only way on; the answer after it is free."""
-    # The stop string ends the thought without being part of it; the literal after it is
-    # what the budget forces once the thought has used its tokens.
-    thought = f'thought[stop="</think>", max_tokens={budget}]: /(.|\\n)*/\n'
-    block = 'thought "</think>"'
-    start = f"start: {block} REST\n" if inside else f'start: ("<think>" {block})? REST\n'
-    return check_grammar("grammar", start + thought + "REST: /(.|\\n)*/\n", param)
+    block, rules = think_block(ids or {}, inside=inside, budget=budget)
+    return check_grammar("grammar", f"start: {block} REST\n{rules}REST: /(.|\\n)*/\n", param)
 
 
 def plan_chat(
@@ -82,9 +90,17 @@ def plan_chat(
     if reasoning and guided is not None and guided[0] == "grammar" and inside:
         # A user grammar is the whole output: nothing of it is reasoning.
         reasoning = inside = False
-    elif reasoning and guided is not None:
+    encode = functools.partial(svc.tokenizer.encode, add_special_tokens=False)
+    think_ids = think_tag_ids(encode) if reasoning else {}
+    if reasoning and guided is not None:
         # The model thinks freely first; the constraint holds after </think>.
-        guided = after_reasoning(guided, inside, guided_param)
+        guided = after_reasoning(guided, inside, guided_param, think_ids)
+    if tools is not None:  # strict tools under auto: calls in the model's format, schema-bound
+        strict = strict_tool_grammar(
+            tools, svc.tool_format, encode, reasoning=reasoning, inside=inside
+        )
+        if strict is not None:
+            guided = strict
     if thinking_budget is not None and reasoning:
         if guided is not None:
             raise RequestError(
@@ -92,10 +108,17 @@ def plan_chat(
                 "constraint",
                 param="thinking",
             )
-        guided = think_budget_grammar(inside, thinking_budget, "thinking")
+        guided = think_budget_grammar(inside, thinking_budget, "thinking", think_ids)
+
+    # harmony's channels (analysis = reasoning) are parsed with or without tools
+    auto = tools is not None and tools.choice == "auto"
+    fmt = svc.tool_format if auto or svc.tool_format == "harmony" else None
 
     def shaper() -> ChatOutput:
-        fmt = svc.tool_format if tools is not None and tools.choice == "auto" else None
         return ChatOutput(reasoning=reasoning, inside=inside, tools=tools, fmt=fmt)
 
-    return ChatPlan(ids, guided, reasoning, shaper)
+    # The shaper reads markers as text: a format's special tokens, and think tags where the
+    # tokenizer marks them special (decoding would drop them, and the block never ends).
+    hidden = [i for i in think_ids.values() if not svc.tokenizer.decode([i])]
+    keep_special = keeps_special_tokens(fmt) or bool(reasoning and hidden)
+    return ChatPlan(ids, guided, reasoning, shaper, keep_special)

@@ -9,6 +9,7 @@ the field before anything reaches the engine.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from tandem.engine.grammar import JSON_OPTIONS, grammar_text
 from tandem.sampling_params import MAX_GUIDED_SPEC
 from tandem.server import tool_calls
 from tandem.server.errors import RequestError
+from tandem.server.tool_calls.grammar import THINK_TAGS
 
 # Extensions (vLLM's names): at most one guided source per request.
 GUIDED_FIELDS = {
@@ -40,6 +42,11 @@ class ToolMode:
     def forced(self) -> bool:
         """The grammar enforces the call: the whole output is its JSON."""
         return self.choice in ("required", "function")
+
+    @property
+    def strict(self) -> bool:
+        """Under auto, a strict tool's calls are enforced by a grammar (strict_tool_grammar)."""
+        return self.choice == "auto" and any(tool_calls.is_strict(t) for t in self.tools)
 
 
 def check_grammar(kind: str, spec: str, param: str) -> tuple[str, str]:
@@ -183,6 +190,12 @@ def parse_tools(body: dict[str, Any], guided: tuple[str, str] | None) -> ToolMod
             "'response_format' or guided_* fields",
             param="tool_choice",
         )
+    if mode.strict and guided is not None:
+        raise RequestError(
+            "'strict' tools under tool_choice auto cannot be combined with 'response_format' "
+            "or guided_* fields (both would constrain the output)",
+            param="tools",
+        )
     return mode
 
 
@@ -200,16 +213,83 @@ def tool_grammar(mode: ToolMode) -> tuple[str, str] | None:
     return check_grammar("json_schema", json.dumps(schema), "tools")
 
 
+def strict_tool_grammar(
+    mode: ToolMode,
+    fmt: str | None,
+    encode: Callable[[str], list[int]],
+    *,
+    reasoning: bool = False,
+    inside: bool = False,
+) -> tuple[str, str] | None:
+    """The grammar enforcing ``strict`` tools under ``tool_choice: "auto"`` (None when there
+    are none): free text, or calls in the model's format ``fmt`` whose arguments follow the
+    tool's schema. ``encode`` (text -> token ids, no special tokens added) finds the markers
+    that are single tokens. ``reasoning``: a leading think block stays free (``inside``: the
+    prompt opened it). A format whose markup cannot be expressed is a 400, not ignored."""
+    if not mode.strict:
+        return None
+    if fmt is None:
+        raise RequestError("'strict' tools need the model's tool-call format", param="tools")
+    ids = tool_calls.single_token_ids(tool_calls.grammar_markers(fmt), encode)
+    body = tool_calls.call_grammar(fmt, mode.tools, ids, parallel=mode.parallel)
+    if body is None:
+        raise RequestError(
+            f"'strict' tools under tool_choice auto are not supported with the {fmt} tool-call "
+            "format for this tokenizer; use tool_choice 'required' or a named function",
+            param="tools",
+        )
+    # harmony's reasoning is a channel of its own, inside the format's grammar
+    start = _think_first(ids, inside) if reasoning and fmt != "harmony" else "start: body\n"
+    return check_grammar("grammar", start + body, "tools")
+
+
+def _think_first(ids: dict[str, int], inside: bool) -> str:
+    """``start`` for a free think block before ``body``. Its tags are tokens where the
+    vocabulary has them; the thought may hold the format's marker tokens (free text cannot)."""
+    close, opening = (f"<[{ids[t]}]>" if t in ids else json.dumps(t) for t in THINK_TAGS[::-1])
+    markers = ",".join(str(i) for m, i in ids.items() if m not in THINK_TAGS)
+    piece = f"(THOUGHT | <[{markers}]>)*" if markers else "THOUGHT?"
+    lines = ["THOUGHT: /(?s:.+)/ & ~/(?s:.*)<\\/think>(?s:.*)/"]
+    if "</think>" in ids:
+        lines.append(f"thought: {piece} {close}")
+    else:  # text then the literal tag, as one lexeme
+        lines += [
+            f"thought: {piece} THOUGHT_END",
+            'THOUGHT_END: /(?s:.*)/ & ~/(?s:.*)<\\/think>(?s:.*)/ "</think>"',
+        ]
+    start = "start: thought body" if inside else f"start: ({opening} thought)? body"
+    return "\n".join([start, *lines]) + "\n"
+
+
 # Reasoning models think first: the constraint applies after the think block, which the model
 # may also skip (a template that disabled thinking) — or is already inside (the prompt opened
 # it). The thought itself is free text up to </think>.
-_THINK = 'thought[stop="</think>"]: /(.|\n)*/\nGAP: /[ \n]{0,4}/\n'
+_NO_CLOSE = "/(?s:.*)/ & ~/(?s:.*)<\\/think>(?s:.*)/"  # text without the closing tag's text
+
+
+def think_block(ids: dict[str, int], *, inside: bool, budget: int | None = None) -> tuple[str, str]:
+    """A leading think block for a Lark grammar: (the expression that opens ``start``, the
+    rules it needs). Tags that are one token in the vocabulary (Qwen3's are special tokens,
+    which a text literal never matches) are written as that token. ``budget``: the thought
+    has at most that many tokens, then the closing tag is the only way on."""
+    attr = f"max_tokens={budget}" if budget else ""
+    opening, close = (f"<[{ids[t]}]>" if t in ids else json.dumps(t) for t in THINK_TAGS)
+    if "</think>" in ids:
+        rules = f"thought{f'[{attr}]' if attr else ''}: THOUGHT\nTHOUGHT: {_NO_CLOSE}\n"
+    else:  # the stop string ends the thought; the literal is what a spent budget forces
+        rules = f'thought[stop="</think>"{", " + attr if attr else ""}]: /(.|\\n)*/\n'
+    block = f"thought {close}" if inside else f"({opening} thought {close})?"
+    return block, rules
 
 
 def after_reasoning(
-    guided: tuple[str, str], inside: bool, param: str = "response_format"
+    guided: tuple[str, str],
+    inside: bool,
+    param: str = "response_format",
+    ids: dict[str, int] | None = None,
 ) -> tuple[str, str]:
-    """The same constraint, applied after a leading <think>…</think> block (Lark)."""
+    """The same constraint, applied after a leading <think>…</think> block (Lark). ``ids``:
+    the think tags that are single tokens (``think_tag_ids``)."""
     kind, spec = guided
     if kind in ("json_schema", "json_object"):
         schema = json.loads(spec) if kind == "json_schema" else {"type": "object"}
@@ -223,8 +303,14 @@ def after_reasoning(
         body = "body: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in options) + "\n"
     else:
         return guided  # a user grammar is taken as it is
-    start = "start: thought GAP body\n" if inside else 'start: ("<think>" thought)? GAP body\n'
-    return check_grammar("grammar", start + _THINK + body, param)
+    block, rules = think_block(ids or {}, inside=inside)
+    start = f"start: {block} GAP body\nGAP: /[ \\n]{{0,4}}/\n"
+    return check_grammar("grammar", start + rules + body, param)
+
+
+def think_tag_ids(encode: Callable[[str], list[int]]) -> dict[str, int]:
+    """The think tags the tokenizer encodes as one token, with their ids."""
+    return tool_calls.single_token_ids(THINK_TAGS, encode)
 
 
 def _lark_regex(pattern: str) -> str:

@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tandem.frontend.fim import fim_prompt, fim_tokens
 from tandem.sampling_params import INT_MAX, SamplingParams, check_vocab
+from tandem.server import openai_output_schema as out
+from tandem.server import openai_schema as o
 from tandem.server.chat_output import ChatOutput
 from tandem.server.chat_prep import plan_chat
 from tandem.server.errors import RequestError
@@ -23,8 +25,8 @@ from tandem.server.requests import (
     ChatRequest,
     CompletionRequest,
     GenerationRequest,
-    parse_chat,
-    parse_completion,
+    chat_request,
+    completion_request,
 )
 from tandem.server.service import Piece, Service, sse, watch_disconnect
 
@@ -57,6 +59,7 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
         default_max: int,
         chat: bool,
         shaper: Callable[[], ChatOutput] | None = None,
+        keep_special: bool = False,
     ) -> Response:
         plist = [svc.params_for(req.max_tokens, req.sampling, len(p), default_max) for p in prompts]
         vocab = int(svc.client.info.get("vocab_size") or 0)
@@ -83,7 +86,6 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
                 jobs.append((prompt, seeded, rids[p * m + j], rids[p * m] if j else None))
         svc.check_capacity(len(jobs))
         shapers = [shaper() if shaper else ChatOutput() for _ in jobs]
-        keep_special = shapers[0].fmt == "mistral"  # its [TOOL_CALLS] is a special token
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -348,16 +350,15 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
             stops = req.sampling.get("stop_token_ids", ())
             req.sampling["stop_token_ids"] = (*stops, *fim.stop_ids)
         try:
-            # Text prompts only: parse_completion refuses token ids with a suffix.
+            # Text prompts only: the schema refuses token ids with a suffix.
             return [fim_prompt(fim, svc.tokenizer, str(p), suffix) for p in req.prompts]
         except ValueError as e:
             raise RequestError(str(e), param="suffix") from None
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        req: CompletionRequest = parse_completion(
-            await svc.read_json(request), svc.tokenizer.vocab_size
-        )
+    @app.post("/v1/completions", response_model=out.CompletionResponse)
+    async def completions(body: o.CompletionRequest, request: Request) -> Response:
+        """OpenAI text completions."""
+        req = completion_request(body, svc.tokenizer.vocab_size)
         svc.check_model(req.model)
         if req.suffix is not None:
             prompts = fim_prompts(req, req.suffix)
@@ -365,9 +366,10 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
             prompts = [svc.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
         return await generate(request, "completions", req, prompts, 16, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        req: ChatRequest = parse_chat(await svc.read_json(request))
+    @app.post("/v1/chat/completions", response_model=out.ChatCompletionResponse)
+    async def chat_completions(body: o.ChatCompletionRequest, request: Request) -> Response:
+        """OpenAI chat completions."""
+        req: ChatRequest = chat_request(body)
         svc.check_model(req.model)
         plan = plan_chat(
             svc,
@@ -388,4 +390,5 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
             svc.settings.default_max_tokens,
             chat=True,
             shaper=plan.shaper,
+            keep_special=plan.keep_special,
         )

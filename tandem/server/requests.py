@@ -1,16 +1,18 @@
-"""Validate OpenAI request bodies into plain dataclasses. Fields Tandem does not implement are
-rejected (400 naming the field) unless they carry their neutral value; nothing is accepted
-and ignored."""
+"""OpenAI generation requests in the form the routes run them: plain dataclasses built from the
+validated bodies (``openai_schema``). What a schema cannot check happens here, right after
+validation: a constraint's grammar and the tool choice (``guided``), prompt token ids against
+the vocabulary, and the engine's own checks of the sampling values (``SamplingParams``)."""
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from tandem.sampling_params import MAX_LOGPROBS, SamplingParams
-from tandem.server.errors import RequestError
+from pydantic import BaseModel, ValidationError
+
+from tandem.sampling_params import SamplingParams
+from tandem.server import openai_schema as o
+from tandem.server.errors import RequestError, invalid_body
 from tandem.server.guided import (
     GUIDED_FIELDS,
     ToolMode,
@@ -19,60 +21,15 @@ from tandem.server.guided import (
     parse_tools,
     tool_grammar,
 )
+from tandem.server.openai_chat_schema import (
+    AssistantMessage,
+    ChatMessage,
+    NamedToolChoice,
+    ToolCall,
+    ToolMessage,
+)
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_LENGTH = 256
-MAX_N = 16
-MAX_MESSAGES = 1024
-
-
-# Neutral values of fields later issues implement: accepted only as these.
-_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (None, 0),
-    # Completions have no tools (chat parses them).
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None,),
-}
-_COMMON = {
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "n",
-    "logprobs",
-    "prompt_logprobs",
-    "min_p",
-    "min_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "user",
-    "stream",
-    "stream_options",
-    "return_token_ids",
-    "response_format",
-    *GUIDED_FIELDS,
-}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-CHAT_FIELDS = _COMMON | {
-    "messages",
-    "max_completion_tokens",
-    "chat_template_kwargs",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "separate_reasoning",
-}
-STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
-ROLES = ("system", "developer", "user", "assistant", "tool")
+Body = TypeVar("Body", bound=BaseModel)
 
 
 @dataclass
@@ -107,390 +64,155 @@ class ChatRequest(GenerationRequest):
     separate_reasoning: bool | None = None  # None: the server's default
 
 
-def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    for key, value in body.items():
-        if key in allowed:
-            continue
-        if key in _NEUTRAL:
-            if not any(_same(value, n) for n in _NEUTRAL[key]):
-                raise RequestError(f"'{key}' is not supported yet", param=key)
-            continue
-        raise RequestError(f"unknown field '{key}'", param=key)
-    return body
+def validate(model: type[Body], body: Any) -> Body:
+    """``body`` (parsed JSON) as ``model``; a RequestError naming the field if it is not one."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise invalid_body(e.errors()) from None
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal and of the same JSON type (False is not 0, 0.0 is not 0)."""
-    return type(a) is type(b) and a == b
+def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
+    return completion_request(validate(o.CompletionRequest, body), vocab_size)
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
-    """An optional boolean field (absent or null: False)."""
-    value = body.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise RequestError(f"'{key}' must be a boolean", param=key)
-    return value
+def parse_chat(body: Any) -> ChatRequest:
+    return chat_request(validate(o.ChatCompletionRequest, body))
 
 
-def _number(body: dict[str, Any], key: str, *, integer: bool = False) -> Any:
-    v = body.get(key)
-    if v is None:
-        return None
-    ok = isinstance(v, int) if integer else isinstance(v, int | float)
-    if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
-        raise RequestError(f"'{key}' must be {'an integer' if integer else 'a number'}", param=key)
-    return v
+_FLOATS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
-def _max_tokens(body: dict[str, Any], key: str) -> int | None:
-    value = _number(body, key, integer=True)
-    if value is not None and value < 1:
-        zero = " (0 only with echo on /v1/completions)" if key == "max_tokens" else ""
-        raise RequestError(f"'{key}' must be at least 1{zero}", param=key)
-    return value
-
-
-def _common(body: dict[str, Any], max_tokens_key: str = "max_tokens") -> dict[str, Any]:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("'model' must be a string", param="model")
-    max_tokens = _max_tokens(body, max_tokens_key)
-    stop = body.get("stop")
-    if stop is None:
-        stops: list[str] = []
-    elif isinstance(stop, str):
-        stops = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = stop
-    else:
-        raise RequestError("'stop' must be a string or a list of strings", param="stop")
-    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LENGTH for s in stops):
-        raise RequestError(
-            f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_LENGTH} characters",
-            param="stop",
-        )
-    stream = _flag(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or set(opts) - STREAM_OPTIONS):
-        raise RequestError(
-            "'stream_options' supports only include_usage and continuous_usage_stats",
-            param="stream_options",
-        )
-    include_usage = _flag(opts, "include_usage") if opts else False
-    continuous_usage = _flag(opts, "continuous_usage_stats") if opts else False
-    sampling: dict[str, Any] = {}
-    for key in (
-        "temperature",
-        "top_p",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-    ):
-        if (v := _number(body, key)) is not None:
-            sampling[key] = float(v)
-    bias = body.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, dict) or not all(
-            isinstance(k, str)
-            and k.isascii()
-            and k.isdigit()
-            and len(k) <= 19
-            and isinstance(v, int | float)
-            and not isinstance(v, bool)
-            and math.isfinite(v)
-            for k, v in bias.items()
-        ):
-            raise RequestError(
-                "'logit_bias' must map token ids (as strings) to numbers", param="logit_bias"
-            )
-        sampling["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+def _common(body: o.GenerationBody, max_tokens: int | None) -> dict[str, Any]:
+    """The fields both endpoints share, as ``GenerationRequest``'s arguments."""
+    sampling: dict[str, Any] = {k: v for k in _FLOATS if (v := getattr(body, k)) is not None}
+    if body.logit_bias is not None:
+        sampling["logit_bias"] = {int(k): v for k, v in body.logit_bias.items()}
     for key in ("top_k", "seed", "min_tokens"):
-        if (v := _number(body, key, integer=True)) is not None:
+        if (v := getattr(body, key)) is not None:
             sampling[key] = v
-    ids = body.get("stop_token_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in ids
-        ):
-            raise RequestError(
-                "'stop_token_ids' must be a list of integers", param="stop_token_ids"
-            )
-        sampling["stop_token_ids"] = tuple(ids)
-    if (ignore := body.get("ignore_eos")) is not None:
-        if not isinstance(ignore, bool):
-            raise RequestError("'ignore_eos' must be a boolean", param="ignore_eos")
-        sampling["ignore_eos"] = ignore
-    return_ids = _flag(body, "return_token_ids")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise RequestError("'user' must be a string", param="user")
-    try:  # validate the values now; max_tokens is set per prompt later
+    if body.stop_token_ids is not None:
+        sampling["stop_token_ids"] = tuple(body.stop_token_ids)
+    if body.ignore_eos is not None:
+        sampling["ignore_eos"] = body.ignore_eos
+    try:  # the engine's own checks (e.g. a logit_bias id past 64 bits)
         SamplingParams(**{**sampling, "max_tokens": max(1, sampling.get("min_tokens", 0))})
     except ValueError as e:
         name = next((k for k in sampling if k in str(e)), None)
         raise RequestError(str(e), param=name) from None
-    plp = body.get("prompt_logprobs")
-    if plp is not None:
-        if isinstance(plp, bool) or not isinstance(plp, int) or not 0 <= plp <= MAX_LOGPROBS:
-            raise RequestError(
-                f"'prompt_logprobs' must be an integer from 0 to {MAX_LOGPROBS}",
-                param="prompt_logprobs",
-            )
-        sampling["prompt_logprobs"] = plp
-    guided = parse_guided(body)
+    if body.prompt_logprobs is not None:
+        sampling["prompt_logprobs"] = body.prompt_logprobs
+    constraint: dict[str, Any] = {k: getattr(body, k) for k in GUIDED_FIELDS}
+    if body.response_format is not None:
+        constraint["response_format"] = body.response_format.model_dump(
+            by_alias=True, exclude_unset=True
+        )
+    guided = parse_guided(constraint)  # compiles the grammar: a bad one is a 400 naming it
     if guided is not None:
         sampling["guided"] = guided
-    n = _number(body, "n", integer=True)
-    if n is not None and not 1 <= n <= MAX_N:
-        raise RequestError(f"'n' must be between 1 and {MAX_N}", param="n")
+    stop = body.stop
+    opts = body.stream_options
     return {
-        "n": n or 1,
-        "model": model,
+        "n": body.n or 1,
+        "model": body.model,
         "params": None,
         "max_tokens": max_tokens,
-        "stop": stops,
-        "stream": stream,
-        "include_usage": include_usage,
-        "continuous_usage": continuous_usage,
+        "stop": [] if stop is None else [stop] if isinstance(stop, str) else list(stop),
+        "stream": bool(body.stream),
+        "include_usage": bool(opts and opts.include_usage),
+        "continuous_usage": bool(opts and opts.continuous_usage_stats),
         "sampling": sampling,
-        "return_token_ids": return_ids,
-        "guided_param": guided_source(body),
+        "return_token_ids": bool(body.return_token_ids),
+        "guided_param": guided_source(constraint),
     }
 
 
-def parse_completion(body: Any, vocab_size: int) -> CompletionRequest:
-    body = _check_fields(body, COMPLETION_FIELDS)
-    # max_tokens 0 with echo scores the prompt (older OpenAI-style scorers send it): one
-    # token is generated internally and dropped, nothing of it is returned or counted.
-    score_only = _same(body.get("max_tokens"), 0) and _flag(body, "echo")
-    if score_only:
-        body = {**body, "max_tokens": 1}
-    prompt = body.get("prompt")
-    prompts: list[str | list[int]]
-    if isinstance(prompt, str) or (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        prompts = [prompt]
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(p, str) for p in prompt)
-        or (
-            isinstance(prompt, list)
-            and prompt
-            and all(
-                isinstance(p, list)
-                and p
-                and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-                for p in prompt
-            )
-        )
-    ):
-        prompts = list(prompt)
-    else:
-        raise RequestError(
-            "'prompt' must be a non-empty string, list of strings, list of "
-            "token ids or list of token-id lists",
-            param="prompt",
-        )
-    suffix = _suffix(body, prompts)
+def completion_request(body: o.CompletionRequest, vocab_size: int) -> CompletionRequest:
+    # max_tokens 0 (the schema allows it only with echo) scores the prompt, as older
+    # OpenAI-style scorers ask: one token is generated internally and dropped, nothing of it
+    # is returned or counted.
+    score_only = body.max_tokens == 0
+    prompts = body.prompts()
     for p in prompts:
-        if isinstance(p, list) and any(not 0 <= t < vocab_size for t in p):
+        if isinstance(p, list) and any(t >= vocab_size for t in p):
             raise RequestError(f"prompt token ids must be in [0, {vocab_size})", param="prompt")
-        if isinstance(p, str) and not p and suffix is None:  # FIM: the cursor may be first
-            raise RequestError("'prompt' must not be empty", param="prompt")
-    common = _common(body)
-    k = body.get("logprobs")
-    if k is not None:
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS:
-            raise RequestError(
-                f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS}", param="logprobs"
-            )
-        common["sampling"]["logprobs"] = k
-    echo = _flag(body, "echo")
-    if echo and k is not None:
-        common["sampling"].setdefault("prompt_logprobs", k)
-    best_of = _number(body, "best_of", integer=True)
-    if best_of is not None:
-        if not common["n"] <= best_of <= MAX_N:
-            raise RequestError(
-                f"'best_of' must be between n ({common['n']}) and {MAX_N}", param="best_of"
-            )
-        if common["stream"] and best_of > common["n"]:
-            raise RequestError("'best_of' cannot be streamed", param="best_of")
-    if score_only and common["sampling"].get("min_tokens"):
-        raise RequestError("'min_tokens' must be 0 when max_tokens is 0", param="min_tokens")
-    if score_only and best_of is not None and best_of > common["n"]:
-        raise RequestError("'best_of' needs max_tokens of at least 1", param="best_of")
+    common = _common(body, 1 if score_only else body.max_tokens)
+    if body.logprobs is not None:
+        common["sampling"]["logprobs"] = body.logprobs
+        if body.echo:
+            common["sampling"].setdefault("prompt_logprobs", body.logprobs)
     return CompletionRequest(
         **common,
         prompts=prompts,
-        echo=echo,
-        best_of=best_of,
+        echo=bool(body.echo),
+        best_of=body.best_of,
         score_only=score_only,
-        suffix=suffix,
+        suffix=body.suffix or None,
     )
 
 
-def _suffix(body: dict[str, Any], prompts: list[str | list[int]]) -> str | None:
-    """Fill-in-the-middle's text after the cursor (None or "": a plain completion). Every
-    prompt must be text, and echo is refused: which text would it echo?"""
-    suffix = body.get("suffix")
-    if suffix is not None and not isinstance(suffix, str):
-        raise RequestError("'suffix' must be a string", param="suffix")
-    if not suffix:
-        return None
-    if any(isinstance(p, list) for p in prompts):
-        raise RequestError("'suffix' needs a text prompt, not token ids", param="suffix")
-    if _flag(body, "echo"):
-        raise RequestError("'echo' cannot be combined with 'suffix'", param="suffix")
-    return suffix
-
-
-def parse_chat(body: Any) -> ChatRequest:
-    body = _check_fields(body, CHAT_FIELDS)
-    key = (
-        "max_completion_tokens" if body.get("max_completion_tokens") is not None else ("max_tokens")
+def chat_request(body: o.ChatCompletionRequest) -> ChatRequest:
+    common = _common(body, body.output_limit)
+    sampling = common["sampling"]
+    choice = body.tool_choice
+    tools = parse_tools(
+        {
+            "tools": None
+            if body.tools is None
+            else [t.model_dump(exclude_unset=True) for t in body.tools],
+            "tool_choice": choice.model_dump() if isinstance(choice, NamedToolChoice) else choice,
+            "parallel_tool_calls": body.parallel_tool_calls,
+        },
+        sampling.get("guided"),
     )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list", param="messages")
-    if len(messages) > MAX_MESSAGES:
-        raise RequestError(f"at most {MAX_MESSAGES} messages", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise RequestError(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role"
-            )
-        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
-        if extra:
-            raise RequestError(
-                f"messages[{i}].{sorted(extra)[0]} is not supported", param=f"messages[{i}]"
-            )
-        msg: dict[str, Any] = {"role": m["role"]}
-        if m.get("tool_calls") is not None:
-            if m["role"] != "assistant":
-                raise RequestError(
-                    f"messages[{i}].tool_calls is only for assistant messages",
-                    param=f"messages[{i}].tool_calls",
-                )
-            msg["tool_calls"] = _history_tool_calls(m["tool_calls"], i)
-        if m.get("tool_call_id") is not None:
-            if m["role"] != "tool" or not isinstance(m["tool_call_id"], str):
-                raise RequestError(
-                    f"messages[{i}].tool_call_id must be a string on a tool message",
-                    param=f"messages[{i}].tool_call_id",
-                )
-            msg["tool_call_id"] = m["tool_call_id"]
-        if m.get("name") is not None:
-            if not isinstance(m["name"], str):
-                raise RequestError(
-                    f"messages[{i}].name must be a string", param=f"messages[{i}].name"
-                )
-            msg["name"] = m["name"]
-        content = m.get("content")
-        if content is None and "tool_calls" in msg:
-            content = ""
-        if isinstance(content, list):
-            if not all(
-                isinstance(p, dict)
-                and set(p) == {"type", "text"}
-                and p["type"] == "text"
-                and isinstance(p["text"], str)
-                for p in content
-            ):
-                raise RequestError(
-                    f"messages[{i}].content parts must be text", param=f"messages[{i}].content"
-                )
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise RequestError(
-                f"messages[{i}].content must be a string", param=f"messages[{i}].content"
-            )
-        msg["content"] = content
-        out.append(msg)
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise RequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
-    if key == "max_completion_tokens":
-        _max_tokens(body, "max_tokens")  # validated, superseded
-    common = _common(body, key)
-    tools = parse_tools(body, common["sampling"].get("guided"))
+    kwargs = dict(body.chat_template_kwargs or {})
     if tools is not None:
         if tools.choice != "none":
-            kwargs = {**kwargs, "tools": list(tools.tools)}
+            kwargs["tools"] = list(tools.tools)
         forced = tool_grammar(tools)
         if forced is not None:
-            common["sampling"]["guided"] = forced
+            sampling["guided"] = forced
             common["guided_param"] = "tool_choice"
-    separate = body.get("separate_reasoning")
-    if separate is not None and not isinstance(separate, bool):
-        raise RequestError("'separate_reasoning' must be a boolean", param="separate_reasoning")
-    want = body.get("logprobs")
-    if want is not None and not isinstance(want, bool):
-        raise RequestError("'logprobs' must be a boolean", param="logprobs")
-    top = body.get("top_logprobs")
-    if top is not None:
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
-            raise RequestError(
-                f"'top_logprobs' must be an integer from 0 to {MAX_LOGPROBS}",
-                param="top_logprobs",
-            )
-        if not want:
-            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    if want:
-        common["sampling"]["logprobs"] = top or 0
+    if body.logprobs:
+        sampling["logprobs"] = body.top_logprobs or 0
     return ChatRequest(
         **common,
-        messages=out,
+        messages=[_message(m) for m in body.messages],
         template_kwargs=kwargs,
         tools=tools,
-        separate_reasoning=separate,
+        separate_reasoning=body.separate_reasoning,
     )
 
 
-def _history_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
-    """An assistant message's earlier tool calls, for the chat template (arguments as objects,
-    the form Hugging Face templates expect)."""
-    param = f"messages[{i}].tool_calls"
-    if not isinstance(calls, list):
-        raise RequestError(f"{param} must be a list", param=param)
-    out = []
-    for c in calls:
-        fn = c.get("function") if isinstance(c, dict) else None
-        if (
-            not isinstance(fn, dict)
-            or not isinstance(fn.get("name"), str)
-            or set(c) - {"id", "type", "function"}
-            or set(fn) - {"name", "arguments"}
-            or c.get("type", "function") != "function"
-            or not isinstance(c.get("id", ""), str)
-        ):
-            raise RequestError(
-                f"{param} entries must be {{id, type: function, function: {{name, arguments}}}}",
-                param=param,
-            )
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                raise RequestError(f"{param} arguments must be JSON", param=param) from None
-        if not isinstance(args, dict):
-            raise RequestError(f"{param} arguments must be a JSON object", param=param)
-        entry: dict[str, Any] = {
-            "type": "function",
-            "function": {"name": fn["name"], "arguments": args},
-        }
-        if "id" in c:
-            entry["id"] = c["id"]
-        out.append(entry)
-    return out
+def _message(m: ChatMessage) -> dict[str, Any]:
+    """A message as the chat template gets it: content a string (text parts joined), earlier
+    tool calls with their arguments as objects (the form Hugging Face templates expect)."""
+    msg: dict[str, Any] = {"role": m.role}
+    if isinstance(m, AssistantMessage) and m.tool_calls is not None:
+        msg["tool_calls"] = [_history_call(c) for c in m.tool_calls]
+    if isinstance(m, ToolMessage) and m.tool_call_id is not None:
+        msg["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        msg["name"] = m.name
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(p.text for p in content)
+    msg["content"] = content or ""  # None only beside tool_calls
+    return msg
+
+
+def _history_call(c: ToolCall) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": c.function.name, "arguments": c.function.arguments},
+    }
+    if c.id is not None:
+        entry["id"] = c.id
+    return entry

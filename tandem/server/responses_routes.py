@@ -288,7 +288,7 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
             check_vocab(params, vocab)
         svc.check_capacity(1)
         shaper = plan.shaper()
-        keep_special = shaper.fmt == "mistral"  # its [TOOL_CALLS] is a special token
+        keep_special = plan.keep_special
         encrypt = "reasoning.encrypted_content" in (body.include or [])
         items = Items(encrypt)
         prompt = len(plan.ids)

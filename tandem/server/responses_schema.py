@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from tandem.server.requests import MAX_MESSAGES
+from tandem.server.openai_schema import MAX_MESSAGES
 from tandem.server.tool_calls import MAX_TOOLS
 
 

@@ -83,16 +83,6 @@ class Service:
         )
         self.admitted = 0  # generation tasks alive (admitted requests), across all routes
 
-    async def read_json(self, request: Request) -> Any:
-        raw = await request.body()
-        limit = self.settings.max_body_bytes
-        if len(raw) > limit:
-            raise RequestError(f"request body exceeds {limit} bytes", status=413)
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as e:  # also ints past Python's digit limit
-            raise RequestError(f"malformed JSON: {e}") from None
-
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.served_model_name:
             raise RequestError(

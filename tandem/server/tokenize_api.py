@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.server.chat_history import normalize_messages, template_error
-from tandem.server.requests import MAX_MESSAGES, RequestError, parse_chat
+from tandem.server.errors import RequestError
+from tandem.server.openai_schema import MAX_MESSAGES
+from tandem.server.requests import parse_chat
 
 MAX_DETOKENIZE = 1 << 20  # token ids per /detokenize body
 

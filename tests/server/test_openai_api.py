@@ -387,7 +387,7 @@ def test_context_overflow_names_both_numbers(server):
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (
             {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-            "tools",
+            "tools[0].function",
         ),
     ],
 )

@@ -7,14 +7,26 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from tandem.server import anthropic_schema as a
 from tandem.server.anthropic_routes import BILLING_HEADER, Blocks, system_text
 from tandem.server.chat_output import ChatOutput
 from tandem.server.guided import ToolMode
 from tandem.server.responses_routes import Items, decode_reasoning, encode_reasoning
+from tandem.testing.tool_call_texts import render
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    },
     {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}},
 ]
 OUTPUT = (
@@ -144,3 +156,48 @@ def test_foreign_encrypted_content_is_not_read():
     assert decode_reasoning(encode_reasoning("ok ü")) == "ok ü"
     assert decode_reasoning("gAAAAABo-opaque") is None
     assert decode_reasoning("tandem-r1:!!!") is None
+
+
+FORMATS = ("hermes", "qwen3_coder", "harmony", "deepseek_v3", "deepseek_v31", "kimi_k2", "glm45")
+CALLS = (("get_weather", {"city": "Oslo", "days": 3}), ("read_file", {"path": "a.py"}))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_streams_into_blocks_and_items(fmt):
+    calls_text = (
+        "\n".join(
+            f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>"
+            for n, a in CALLS
+        )
+        if fmt == "hermes"
+        else render(fmt, *CALLS)
+    )
+    text = calls_text if fmt == "harmony" else "Checking. " + calls_text
+
+    def make() -> ChatOutput:
+        return ChatOutput(tools=ToolMode(TOOLS, "auto"), fmt=fmt)
+
+    def blocks_of(pieces):
+        s, b = make(), Blocks()
+        raw = [e for p in pieces for e in b.feed(s.feed(p))] + b.feed(s.finish()) + b.close()
+        return b.blocks, sse_events(raw)
+
+    def items_of(pieces):
+        s, it = make(), Items(encrypt=False)
+        events = [e for p in pieces for e in it.feed(s.feed(p))]
+        return it.items, events + it.feed(s.finish()) + it.close()
+
+    whole, _ = blocks_of([text])
+    uses = [b for b in whole if b["type"] == "tool_use"]
+    assert [(b["name"], b["input"]) for b in uses] == [(n, a) for n, a in CALLS]
+    items, _ = items_of([text])
+    fcs = [i for i in items if i["type"] == "function_call"]
+    assert [(i["name"], json.loads(i["arguments"])) for i in fcs] == [(n, a) for n, a in CALLS]
+    rng = random.Random(fmt)
+    for _ in range(25):
+        pieces = splits(text, rng)
+        blocks, events = blocks_of(pieces)
+        assert strip_ids(blocks) == strip_ids(whole)
+        assert strip_ids(replay_blocks(events)) == strip_ids(whole)
+        got, _ = items_of(pieces)
+        assert strip(got) == strip(items)

@@ -235,7 +235,7 @@ def test_an_empty_prompt_is_allowed_with_a_suffix_only():
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"suffix": 3}, "'suffix' must be a string"),
+        ({"suffix": 3}, "suffix: Input should be a valid string"),
         ({"prompt": [1, 2, 3], "suffix": "x"}, "needs a text prompt"),
         ({"prompt": [[1, 2], [3]], "suffix": "x"}, "needs a text prompt"),
         ({"suffix": "x", "echo": True}, "'echo' cannot be combined with 'suffix'"),

@@ -11,6 +11,7 @@ import pytest
 from tandem.server.tool_calls import (
     FORMATS,
     MAX_TOOLS,
+    CallStart,
     ToolCall,
     ToolCallStreamer,
     call_from_named,
@@ -119,7 +120,6 @@ def test_hermes_missing_arguments_means_empty_object():
         '<tool_call>\n{"name": "f", \'arguments\': {}}\n</tool_call>',
         '<tool_call>\n{"arguments": {}}\n</tool_call>',
         '<tool_call>\n{"name": 3, "arguments": {}}\n</tool_call>',
-        '<tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>',
         "<tool_call>\nnot json at all\n</tool_call>",
         "<tool_call></tool_call>",
         '<tool_call>["f", {}]</tool_call>',
@@ -139,9 +139,13 @@ def test_hermes_unclosed_final_block_parses_if_its_json_is_valid():
     assert parse_tool_calls(text + "</tool_", "hermes")[1] == [ToolCall("f", '{"a": [1, 2]}')]
 
 
-def test_hermes_unclosed_final_block_with_invalid_json_is_content():
+def test_hermes_call_stands_once_its_header_matched_even_if_cut_short_or_followed_by_junk():
+    # Arguments stream as they are generated, so a call cannot turn back into content: cut
+    # short (max_tokens), its arguments are what was generated, as OpenAI passes them on.
     text = 'ok\n<tool_call>\n{"name": "f", "arguments": {"a": 1'
-    assert parse_tool_calls(text, "hermes") == (text, [])
+    assert parse_tool_calls(text, "hermes") == ("ok", [ToolCall("f", '{"a": 1')])
+    text = 'Hi <tool_call>\n{"name": "f", "arguments": {}} trailing\n</tool_call>'
+    assert parse_tool_calls(text, "hermes") == ("Hi  trailing\n</tool_call>", [ToolCall("f", "{}")])
     assert parse_tool_calls("<tool_call>", "hermes") == ("<tool_call>", [])
 
 
@@ -159,13 +163,21 @@ def test_unknown_format_is_an_error():
         ToolCallStreamer("xml")
 
 
-def test_hermes_call_is_emitted_as_soon_as_its_closing_tag_arrives():
+def test_hermes_arguments_stream_as_they_are_generated():
     streamer = ToolCallStreamer("hermes")
     assert streamer.feed("Checking") == [("content", "Checking")]
     assert streamer.feed(" now <tool") == [("content", " now")]
-    assert streamer.feed('_call>{"name": "f", "arguments": {}}\n</tool_') == []
-    assert streamer.feed("call>") == [("tool_call", ToolCall("f", "{}"))]
-    assert streamer.feed("\n<tool_call>") == []
+    assert streamer.feed('_call>{"name": "f", "argu') == []  # the header is not certain yet
+    assert streamer.feed('ments": {"a": [1, ') == [
+        ("call_start", CallStart("f")),
+        ("call_args", '{"a": [1, '),
+    ]
+    assert streamer.feed('"}"]}') == [
+        ("call_args", '"}"]}'),
+        ("tool_call", ToolCall("f", '{"a": [1, "}"]}')),
+    ]
+    assert streamer.feed("}\n</tool_") == []
+    assert streamer.feed("call>\n<tool_call>") == []
     assert streamer.finish() == [("content", " \n<tool_call>")]
 
 
@@ -205,9 +217,6 @@ def test_llama3_arguments_key_and_several_calls_separated_by_semicolons():
         "The weather is nice.",
         'Sure: {"name": "f", "parameters": {}}',
         '{"name": "John", "age": 30}',  # a JSON answer, not a call
-        '{"name": "f", "parameters": {}} and some words',
-        '{"name": "f", "parameters": {"a": 1}',
-        '{"name": "f", "parameters": {}}; {"oops": 1}',
         "<|python_tag|>brave_search.call(query='x')",
         "{not json}",
     ],
@@ -216,11 +225,30 @@ def test_llama3_anything_else_is_all_content(text: str):
     assert parse_tool_calls(text, "llama3_json") == (text.strip(), [])
 
 
-def test_llama3_streamer_holds_json_until_finish_and_streams_plain_text():
+def test_llama3_call_after_its_header_then_anything_else_is_content():
+    text = '{"name": "f", "parameters": {}} and some words'
+    assert parse_tool_calls(text, "llama3_json") == ("and some words", [ToolCall("f", "{}")])
+    text = '{"name": "f", "parameters": {}}; {"oops": 1}'
+    assert parse_tool_calls(text, "llama3_json") == ('; {"oops": 1}', [ToolCall("f", "{}")])
+    text = '{"name": "f", "parameters": {"a": 1'  # cut short: the arguments as generated
+    assert parse_tool_calls(text, "llama3_json") == ("", [ToolCall("f", '{"a": 1')])
+    # keys in another order do not stream: decided all-or-nothing at the end
+    text = '{"parameters": {"a": 1}, "name": "f"}; {"name": "g", "parameters": {}}'
+    assert parse_tool_calls(text, "llama3_json") == (
+        "",
+        [ToolCall("f", '{"a": 1}'), ToolCall("g", "{}")],
+    )
+
+
+def test_llama3_streamer_streams_calls_and_plain_text():
     streamer = ToolCallStreamer("llama3_json")
     assert streamer.feed(' {"name": "f", ') == []
-    assert streamer.feed('"parameters": {}}') == []
-    assert streamer.finish() == [("tool_call", ToolCall("f", "{}"))]
+    assert streamer.feed('"parameters": {}}') == [
+        ("call_start", CallStart("f")),
+        ("call_args", "{}"),
+        ("tool_call", ToolCall("f", "{}")),
+    ]
+    assert streamer.finish() == []
 
     streamer = ToolCallStreamer("llama3_json")
     assert streamer.feed("<|python") == []
@@ -259,13 +287,11 @@ def test_mistral_name_args_form_repeated_and_with_call_id():
     "tail",
     [
         "[TOOL_CALLS]",
-        '[TOOL_CALLS][{"name": "a", "arguments": {}',
         '[TOOL_CALLS][{"arguments": {}}]',
         "[TOOL_CALLS][]",
         '[TOOL_CALLS]{"name": "a"}',
         "[TOOL_CALLS]two words[ARGS]{}",
         "[TOOL_CALLS]f[ARGS]not json",
-        '[TOOL_CALLS]f[ARGS]{"a": 1',
         "[TOOL_CALLS]f",
     ],
 )
@@ -279,17 +305,29 @@ def test_mistral_partial_marker_is_held_then_released():
     assert streamer.feed("x [TOOL_") == [("content", "x")]
     assert streamer.feed("CALLED]") == [("content", " [TOOL_CALLED]")]
     assert streamer.feed("[TOOL_CALLS]f[AR") == []
-    assert streamer.feed('GS]{"a": [1,') == []
-    assert joined(streamer.finish()) == ('[TOOL_CALLS]f[ARGS]{"a": [1,', [])
+    assert streamer.feed('GS]{"a": [1,') == [
+        ("call_start", CallStart("f")),
+        ("call_args", '{"a": [1,'),
+    ]
+    assert streamer.finish() == [("tool_call", ToolCall("f", '{"a": [1,'))]  # cut short
 
 
-def test_mistral_call_is_emitted_once_its_json_is_complete():
+def test_mistral_arguments_stream_and_model_call_ids_are_kept():
     streamer = ToolCallStreamer("mistral")
-    assert streamer.feed('[TOOL_CALLS][{"name": "f", "arguments": {}}') == []
-    assert streamer.feed("]") == [("tool_call", ToolCall("f", "{}"))]
-    assert streamer.feed('[TOOL_CALLS]g[ARGS]{"b": {"c": 1}') == []
-    assert streamer.feed("}") == [("tool_call", ToolCall("g", '{"b": {"c": 1}}'))]
+    assert joined(streamer.feed('[TOOL_CALLS][{"name": "f", "arguments": {}}')) == (
+        "",
+        [ToolCall("f", "{}")],
+    )
+    assert streamer.feed("]") == []
+    events = streamer.feed('[TOOL_CALLS]g[CALL_ID]a1b2c3d4e[ARGS]{"b": {"c": 1}')
+    assert events == [("call_start", CallStart("g", "a1b2c3d4e")), ("call_args", '{"b": {"c": 1}')]
+    assert streamer.feed("}") == [
+        ("call_args", "}"),
+        ("tool_call", ToolCall("g", '{"b": {"c": 1}}')),
+    ]
     assert streamer.finish() == []
+    text = '[TOOL_CALLS][{"name": "a", "arguments": {}'  # cut short after the arguments
+    assert parse_tool_calls(text, "mistral") == ("", [ToolCall("a", "{}")])
 
 
 # --- streaming equals parsing ------------------------------------------------------------
@@ -347,7 +385,8 @@ def test_streamed_content_matches_exactly_and_never_starts_or_ends_with_whitespa
         events = stream("hermes", random_split(text, rng))
         content = [v for k, v in events if k == "content"]
         assert "".join(content) == "Some words."
-        assert [k for k, _ in events] == ["tool_call"] + ["content"] * len(content) + ["tool_call"]
+        kinds = [k for k, _ in events if k in ("content", "tool_call")]
+        assert kinds == ["tool_call"] + ["content"] * len(content) + ["tool_call"]
 
 
 def test_random_markup_soup_never_raises_and_stream_matches():
