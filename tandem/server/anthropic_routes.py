@@ -107,7 +107,7 @@ def to_chat(req: a._Prompt, keep_billing: bool) -> list[dict[str, Any]]:
             elif b.type == "redacted_thinking" and m.role == "assistant":
                 continue  # encrypted by another provider: nothing a local model can read
             else:
-                raise RequestError(f"{b.type} blocks are not allowed in {m.role} turns", here)
+                raise RequestError(f"{b.type} blocks are not allowed in {m.role} turns", param=here)
         if m.role == "user":
             if texts or not m.content:
                 out.append({"role": "user", "content": "\n".join(texts)})
@@ -277,7 +277,7 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
         responses={400: {"model": a.AnthropicErrorResponse}},
     )
     async def count_tokens(body: a.CountTokensRequest) -> a.CountTokensResponse:
-        plan, _ = prepare(svc, body)
+        plan, _ = await asyncio.to_thread(prepare, svc, body)
         return a.CountTokensResponse(input_tokens=len(plan.ids))
 
     @app.post(
@@ -286,7 +286,7 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
         responses={400: {"model": a.AnthropicErrorResponse}},
     )
     async def messages(body: a.MessagesRequest, request: Request) -> Response:
-        plan, sampling = prepare(svc, body)
+        plan, sampling = await asyncio.to_thread(prepare, svc, body)
         for key in ("temperature", "top_p", "top_k"):
             if (value := getattr(body, key)) is not None:
                 sampling[key] = value
@@ -401,7 +401,9 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
                 kind = ERROR_TYPES.get(e.status, "api_error")
                 yield sse({"type": "error", "error": {"type": kind, "message": str(e)}}, "error")
             except Exception as e:  # never a broken stream without a word
-                yield sse({"type": "error", "error": {"type": "api_error", "message": str(e)}})
+                yield sse(
+                    {"type": "error", "error": {"type": "api_error", "message": str(e)}}, "error"
+                )
             finally:
                 svc.metrics.requests.labels("messages", status).inc()
                 task.cancel()

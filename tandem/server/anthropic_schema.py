@@ -119,14 +119,18 @@ ToolChoice = Annotated[
 class ThinkingEnabled(_Strict):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1, description="Cap on the tokens of the think block.")
-    display: Literal["summarized", "omitted"] | None = None
+    display: Literal["summarized"] | None = Field(
+        None, description="Thinking is returned as written (omitted is not supported)."
+    )
 
 
 class ThinkingAdaptive(_Strict):
     """Thinking on, the model decides how much (no cap)."""
 
     type: Literal["adaptive"]
-    display: Literal["summarized", "omitted"] | None = None
+    display: Literal["summarized"] | None = Field(
+        None, description="Thinking is returned as written (omitted is not supported)."
+    )
 
 
 class ThinkingDisabled(_Strict):

@@ -69,6 +69,9 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     calls = [*a.get("tool_calls", ()), *b.get("tool_calls", ())]
     if calls:
         out["tool_calls"] = calls
+    thoughts = [t for t in (a.get("reasoning_content"), b.get("reasoning_content")) if t]
+    if thoughts:
+        out["reasoning_content"] = SEPARATOR.join(thoughts)
     return out
 
 

@@ -60,9 +60,18 @@ def think_budget_grammar(
     inside: bool, budget: int, param: str, ids: dict[str, int] | None = None
 ) -> tuple[str, str]:
     """A Lark grammar capping the leading think block at ``budget`` tokens: once they are
-    spent, ``</think>`` is the only way on; the answer after it is free."""
-    block, rules = think_block(ids or {}, inside=inside, budget=budget)
-    return check_grammar("grammar", f"start: {block} REST\n{rules}REST: /(.|\\n)*/\n", param)
+    spent, ``</think>`` is the only way on. The answer after it is free: any token, special
+    ones too (a tool-call marker token must stay possible)."""
+    ids = ids or {}
+    closed, rules = think_block(ids, inside=True, budget=budget)  # "thought </think>"
+    if inside:
+        start = f"start: {closed} rest"
+    elif "<think>" in ids:  # the block, or an answer whose first token is not the tag
+        start = f"start: <[{ids['<think>']}]> {closed} rest | (<[^{ids['<think>']}]> rest)?"
+    else:  # a tag in several tokens: the answer is text (a token range could open a block)
+        block, rules = think_block(ids, inside=False, budget=budget)
+        return check_grammar("grammar", f"start: {block} REST\n{rules}REST: /(.|\\n)*/\n", param)
+    return check_grammar("grammar", f"{start}\n{rules}rest: <[*]>*\n", param)
 
 
 def plan_chat(

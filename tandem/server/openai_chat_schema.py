@@ -32,17 +32,17 @@ class FunctionCall(Strict):
 
     @field_validator("arguments")
     @classmethod
-    def _parsed(cls, value: str | dict[str, Any]) -> dict[str, Any]:
-        """The chat template gets the arguments as an object (as Hugging Face templates expect)."""
+    def _parsed(cls, value: str | dict[str, Any]) -> dict[str, Any] | str:
+        """The chat template gets the arguments as an object (as Hugging Face templates expect).
+        Text that is not a JSON object (a call cut short, as this server returns it) stays the
+        text, so a client can send back any call it got."""
         if isinstance(value, dict):
             return value
         try:
-            value = json.loads(value) if value.strip() else {}
+            parsed = json.loads(value) if value.strip() else {}
         except json.JSONDecodeError:
-            raise ValueError("must be JSON text of an object") from None
-        if not isinstance(value, dict):
-            raise ValueError("must be a JSON object")
-        return value
+            return value
+        return parsed if isinstance(parsed, dict) else value
 
 
 class ToolCall(Strict):
@@ -76,6 +76,11 @@ class AssistantMessage(Strict):
     content: Content | None = Field(None, description="Null or absent only with tool_calls.")
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = Field(
+        None, description="This server's own reasoning_content, sent back: to the template."
+    )
+    reasoning: str | None = Field(None, description="The same under vLLM's newer name.")
+    refusal: None = Field(None, description="Only null (a returned message sent back).")
 
     @model_validator(mode="after")
     def _says_something(self) -> AssistantMessage:

@@ -371,7 +371,8 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
         """OpenAI chat completions."""
         req: ChatRequest = chat_request(body)
         svc.check_model(req.model)
-        plan = plan_chat(
+        plan = await asyncio.to_thread(  # templating off the event loop
+            plan_chat,
             svc,
             req.messages,
             template_kwargs=req.template_kwargs,

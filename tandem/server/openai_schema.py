@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tandem.sampling_params import INT_MAX, MAX_GUIDED_SPEC, MAX_LOGPROBS
 from tandem.server.guided import GUIDED_FIELDS
@@ -24,7 +24,31 @@ from tandem.server.tool_calls import MAX_TOOLS
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_N = 16
-MAX_MESSAGES = 1024
+# chat_template_kwargs that would replace the model's template (a client's Jinja run on the
+# server) or the rendering the server decides: refused.
+RESERVED_TEMPLATE_KWARGS = (
+    "chat_template",
+    "tokenize",
+    "messages",
+    "conversation",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+)
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    bad = sorted(set(kwargs or {}) & set(RESERVED_TEMPLATE_KWARGS))
+    if bad:
+        raise ValueError(f"{bad[0]!r} cannot be set through chat_template_kwargs")
+    return kwargs
+
+
+MAX_MESSAGES = 100_000  # Anthropic's own limit; the body size bounds the work anyway
 # Integers travel to the engine as 64 bits. The bound is exclusive because /openapi.json
 # writes bounds as floats, which hold 2^63 exactly but not 2^63 - 1.
 INT_END = INT_MAX + 1
@@ -318,7 +342,9 @@ class ChatCompletionRequest(GenerationBody):
         None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token; needs logprobs: true."
     )
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Extra variables for the chat template (as vLLM)."
+        None,
+        description="Extra variables for the chat template (as vLLM); not the template itself "
+        "nor the rendering switches: " + ", ".join(RESERVED_TEMPLATE_KWARGS) + ".",
     )
     tools: list[ChatTool] | None = Field(
         None, max_length=MAX_TOOLS, description="Functions the model may call (distinct names)."
@@ -336,6 +362,11 @@ class ChatCompletionRequest(GenerationBody):
         description="Return a leading <think> block as message.reasoning_content (default: the "
         "server's --reasoning).",
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_template_kwargs(value)
 
     @property
     def output_limit(self) -> int | None:

@@ -197,6 +197,8 @@ def _message(m: ChatMessage) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": m.role}
     if isinstance(m, AssistantMessage) and m.tool_calls is not None:
         msg["tool_calls"] = [_history_call(c) for c in m.tool_calls]
+    if isinstance(m, AssistantMessage) and (m.reasoning_content or m.reasoning):
+        msg["reasoning_content"] = m.reasoning_content or m.reasoning
     if isinstance(m, ToolMessage) and m.tool_call_id is not None:
         msg["tool_call_id"] = m.tool_call_id
     if m.name is not None:

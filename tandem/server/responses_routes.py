@@ -102,13 +102,13 @@ def to_chat(req: r.ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def _arguments(arguments: str, where: str) -> Any:
+    """Arguments as an object for the template; text that is not a JSON object (a call cut
+    short, as this server returns it) stays the text, so any call it returned can come back."""
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        raise RequestError("function_call arguments must be JSON", param=where) from None
-    if not isinstance(value, dict):
-        raise RequestError("function_call arguments must be a JSON object", param=where)
-    return value
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 def _chat_body(req: r.ResponsesRequest) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def _id(prefix: str) -> str:
 def install_responses_routes(app: FastAPI, svc: Service) -> None:
     @app.post("/v1/responses")
     async def responses(body: r.ResponsesRequest, request: Request) -> Response:
-        plan = prepare(svc, body)
+        plan = await asyncio.to_thread(prepare, svc, body)  # templating off the loop
         sampling: dict[str, Any] = {}
         if plan.guided is not None:
             sampling["guided"] = plan.guided
@@ -295,6 +295,9 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
         rid = _id("resp")
         created = int(time.time())
 
+        tool_choice = body.model_dump(mode="json", include={"tool_choice"})["tool_choice"]
+        tool_choice = tool_choice or "auto"
+
         def snapshot(status: str, last: Piece | None) -> dict[str, Any]:
             out: dict[str, Any] = {
                 "id": rid,
@@ -304,7 +307,7 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
                 "model": svc.settings.served_model_name,
                 "output": items.items if last else [],
                 "parallel_tool_calls": body.parallel_tool_calls is not False,
-                "tool_choice": body.model_dump(mode="json")["tool_choice"] or "auto",
+                "tool_choice": tool_choice,
                 "tools": body.tools or [],
                 "temperature": body.temperature,
                 "top_p": body.top_p,

@@ -154,7 +154,7 @@ class ReasoningConfig(_Strict):
 
 class ResponsesRequest(_Strict):
     model: str | None = None
-    input: str | list[InputItem] = Field(max_length=MAX_MESSAGES)
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["auto", "required", "none"] | NamedFunction | None = None

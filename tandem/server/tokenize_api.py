@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.server.chat_history import normalize_messages, template_error
 from tandem.server.errors import RequestError
-from tandem.server.openai_schema import MAX_MESSAGES
+from tandem.server.openai_schema import MAX_MESSAGES, check_template_kwargs
 from tandem.server.requests import parse_chat
 
 MAX_DETOKENIZE = 1 << 20  # token ids per /detokenize body
@@ -45,6 +45,12 @@ class TokenizeChat(_Body):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_template_kwargs(value)
+
     tools: list[dict[str, Any]] | None = None
 
 

@@ -274,3 +274,17 @@ def test_agent_session_cache_grows(client):
         ]
     assert all(b > a for a, b in zip(cached[1:], cached[2:], strict=False)), cached
     assert cached[1] > 0
+
+
+def test_misplaced_blocks_and_unsupported_display_are_400s(client):
+    bad_turns = [
+        [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}],
+        [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+        [{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}],
+    ]
+    for messages in bad_turns:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            ask(client, messages=messages)
+        assert "not allowed" in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        ask(client, max_tokens=20, thinking={"type": "adaptive", "display": "omitted"})

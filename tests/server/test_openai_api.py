@@ -615,3 +615,29 @@ def test_overload_gives_503(served_model):
         assert codes.count(200) >= 2 and 503 in codes
     finally:
         assert s.stop() == 0
+
+
+def test_returned_assistant_message_can_be_sent_back_and_template_is_not_replaceable(server):
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "thought", "refusal": None},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": '}}
+            ],
+        },
+        {"role": "user", "content": "again"},
+    ]
+    r = server.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    for key in ("chat_template", "add_generation_prompt", "tools"):
+        body = {"messages": msgs[:1], "max_tokens": 2, "chat_template_kwargs": {key: "x"}}
+        r = server.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    r = server.post(
+        "/tokenize",
+        json={"messages": msgs[:1], "chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+    )
+    assert r.status_code == 400

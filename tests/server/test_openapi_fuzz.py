@@ -70,7 +70,7 @@ def test_the_published_request_schemas_are_the_pydantic_models(fuzz_server):
         assert "text/event-stream" in op["responses"]["200"]["content"]
         assert schemas[name]["additionalProperties"] is False
     chat = schemas["ChatCompletionRequest"]["properties"]
-    assert chat["messages"]["maxItems"] == 1024
+    assert chat["messages"]["maxItems"] == o.MAX_MESSAGES
     members = [m["$ref"].removeprefix(REF) for m in chat["messages"]["items"]["oneOf"]]
     roles = {schemas[m]["properties"]["role"]["const"] for m in members}
     assert roles == {"system", "developer", "user", "assistant", "tool"}

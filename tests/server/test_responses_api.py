@@ -182,3 +182,15 @@ def test_refusals(client):
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, store=True)
     assert info.value.body["param"] == "store" and "stateless" in info.value.body["message"]
+
+
+def test_long_string_input_and_calls_sent_back_as_returned(client):
+    r = ask(client, input="word " * 800, max_output_tokens=2)  # one string: no item limit
+    assert r.usage.input_tokens > 800
+    history = [
+        {"role": "user", "content": "go"},
+        # A call cut short by max_output_tokens comes back with arguments as generated.
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"ci'},
+        {"type": "function_call_output", "call_id": "c1", "output": "cut short"},
+    ]
+    assert ask(client, input=history, tools=[WEATHER], max_output_tokens=2).usage.input_tokens

@@ -184,3 +184,17 @@ def test_a_failing_template_is_a_400_with_its_message(error, message):
     e = template_error(error)
     assert e.status == 400 and e.param == "messages"
     assert str(e).startswith("chat template failed: ") and message in str(e)
+
+
+def test_merged_assistant_turns_keep_both_reasonings():
+    from tandem.server.chat_history import normalize_messages
+
+    out = normalize_messages(
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning_content": "first"},
+            {"role": "assistant", "content": "", "reasoning_content": "second", "tool_calls": []},
+        ]
+    )
+    assert [m["role"] for m in out] == ["user", "assistant"]
+    assert "first" in out[1]["reasoning_content"] and "second" in out[1]["reasoning_content"]

@@ -104,7 +104,7 @@ def test_unknown_fields_are_refused_at_every_level(body, param):
                 "messages": [
                     {
                         "role": "assistant",
-                        "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}],
+                        "tool_calls": [{"function": {"name": "f", "arguments": 5}}],
                     }
                 ]
             },

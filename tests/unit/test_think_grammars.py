@@ -73,3 +73,23 @@ def test_budget_forces_the_close(setup):
     outside = think_budget_grammar(False, 4, "thinking", ids)
     assert run(setup, outside, ["<think>", "ab", "</think>", "hi"])[0]
     assert run(setup, outside, ["no thinking at all"])[0]
+
+
+def test_after_the_budgeted_block_any_token_may_follow(setup):
+    """A tool-call marker that is a special token must stay possible in the answer."""
+    tok, c, ids = setup
+    if not ids:
+        pytest.skip("tags in several tokens: the answer is text")
+    marker = tok.encode("<|im_start|>", add_special_tokens=False)
+    assert len(marker) == 1  # a special token of the tiny tokenizer
+    for inside in (True, False):
+        g = think_budget_grammar(inside, 4, "thinking", ids)
+        pieces = [] if inside else ["<think>"]
+        m = c.matcher(*g)
+        seq = tokens(tok, ids, [*pieces, "ab", "</think>", "call:"]) + marker
+        assert all(m.accept(t) for t in seq)
+    skipped = c.matcher(*think_budget_grammar(False, 4, "thinking", ids))
+    assert all(skipped.accept(t) for t in tok.encode("no think", add_special_tokens=False) + marker)
+    capped = c.matcher(*think_budget_grammar(False, 4, "thinking", ids))
+    four = tok.encode("alpha beta gamma delta epsilon", add_special_tokens=False)
+    assert not all(capped.accept(t) for t in [ids["<think>"], *four])
