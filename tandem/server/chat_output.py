@@ -36,6 +36,7 @@ class ChatOutput:
         self._one_call = self.tools is not None and not self.tools.parallel
         self._dropping = False  # inside a call parallel_tool_calls=false leaves out
         self._later: list[tc.Event] = []  # events held for the next delta (see _in_order)
+        self._named_ws = ""  # a named call's trailing whitespace, held until more follows
 
     def feed(self, text: str) -> dict[str, Any]:
         """Delta fields for a piece of text (possibly none while a tag is incomplete)."""
@@ -66,7 +67,10 @@ class ChatOutput:
     def _shape(self, reasoning: str, content: str, *, final: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}
         deltas: list[dict[str, Any]] = []
-        if self._forced is not None:
+        if self._forced is not None and self._forced.choice == "function":
+            deltas = self._named_deltas(content, final)
+            content = ""
+        elif self._forced is not None:
             self._forced_text.append(content)
             content = ""
             if final:
@@ -123,11 +127,31 @@ class ChatOutput:
                 self._dropping = False
         return entries
 
+    def _named_deltas(self, text: str, final: bool) -> list[dict[str, Any]]:
+        """A named tool_choice: the whole output is the call's arguments (grammar-enforced
+        JSON), streamed as generated; surrounding whitespace is dropped, as whole."""
+        assert self._forced is not None and self._forced.name is not None
+        text = self._named_ws + text
+        if not self.calls:
+            text = text.lstrip()
+        body = text if final else text.rstrip()
+        self._named_ws = "" if final else text[len(body) :]
+        if final:
+            body = body.rstrip()
+        if not self.calls:
+            if not body and not final:
+                return []
+            cid = tc.make_call_id()
+            self.calls.append((tc.ToolCall(self._forced.name, body), cid))
+            function = {"name": self._forced.name, "arguments": body}
+            return [{"index": 0, "id": cid, "type": "function", "function": function}]
+        if not body:
+            return []
+        call, cid = self.calls[0]
+        self.calls[0] = (tc.ToolCall(call.name, call.arguments + body), cid)
+        return [{"index": 0, "function": {"arguments": body}}]
+
     def _forced_calls(self, text: str) -> list[tc.ToolCall]:
-        assert self._forced is not None
-        if self._forced.choice == "function":
-            assert self._forced.name is not None
-            return [tc.call_from_named(text, self._forced.name)]
         return tc.calls_from_required(text)
 
 

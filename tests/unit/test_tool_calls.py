@@ -14,7 +14,6 @@ from tandem.server.tool_calls import (
     CallStart,
     ToolCall,
     ToolCallStreamer,
-    call_from_named,
     calls_from_required,
     detect_format,
     make_call_id,
@@ -561,11 +560,31 @@ def test_calls_from_required_output():
     assert calls_from_required('[{"name": "ping"}]') == []
 
 
-def test_call_from_named_output():
-    assert call_from_named(' {"city": "Kyiv 🌻"} ', "get_weather") == ToolCall(
-        "get_weather", '{"city": "Kyiv 🌻"}'
-    )
-    assert call_from_named('{"city": "Ky', "get_weather") == ToolCall("get_weather", '{"city": "Ky')
+def test_named_call_streams_its_arguments_as_generated():
+    """Under a named tool_choice the whole output is the arguments: streamed as fragments
+    from the first piece, joining to the whole message's arguments (whitespace around them
+    dropped), also when cut short."""
+    import random
+
+    from tandem.server.chat_output import ChatOutput
+    from tandem.server.guided import ToolMode
+
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    for text in (' {"city": "Kyiv 🌻",  "days": [1, 2]} \n', '{"city": "Ky'):
+        whole = ChatOutput(tools=ToolMode(tools, "function", "get_weather")).message(text)
+        (call,) = whole["tool_calls"]
+        assert call["function"]["arguments"] == text.strip()
+        rng = random.Random(0)
+        for _ in range(30):
+            cuts = sorted(rng.sample(range(1, len(text)), 5))
+            pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+            out = ChatOutput(tools=ToolMode(tools, "function", "get_weather"))
+            deltas = [out.feed(p) for p in pieces] + [out.finish()]
+            entries = [e for d in deltas for e in d.get("tool_calls", [])]
+            assert entries[0]["id"] == out.calls[0][1] and entries[0]["function"]["name"]
+            joined = "".join(e["function"]["arguments"] for e in entries)
+            assert joined == text.strip() and not any("content" in d for d in deltas)
+            assert any(d.get("tool_calls") for d in deltas[:-1])  # before the end
 
 
 # --- validate_tools ----------------------------------------------------------------------

@@ -17,7 +17,6 @@ from tandem.server.tool_calls.formats import FORMATS, HERMES_OPEN, MISTRAL_CALLS
 from tandem.server.tool_calls.grammar import call_grammar, grammar_markers, single_token_ids
 from tandem.server.tool_calls.schemas import (
     MAX_TOOLS,
-    call_from_named,
     calls_from_required,
     is_strict,
     named_schema,
@@ -43,7 +42,6 @@ __all__ = [
     "Parsed",
     "ToolCall",
     "ToolCallStreamer",
-    "call_from_named",
     "call_grammar",
     "calls_from_required",
     "detect_format",

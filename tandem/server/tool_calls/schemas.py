@@ -109,13 +109,3 @@ def calls_from_required(text: str) -> list[ToolCall]:
         return []
     calls = [call_from_obj(x, ("parameters", "arguments"), need_args=True) for x in items]
     return [c for c in calls if c is not None] if all(c is not None for c in calls) else []
-
-
-def call_from_named(text: str, name: str) -> ToolCall:
-    """The call from output generated under ``named_schema``. Arguments that are not valid
-    JSON (cut short) are passed on as generated, as OpenAI does."""
-    try:
-        arguments = json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
-        arguments = text.strip()
-    return ToolCall(name, arguments)
