@@ -23,7 +23,7 @@ from tandem.server.chat_output import ChatOutput
 from tandem.server.chat_prep import ChatPlan, plan_chat
 from tandem.server.errors import RequestError
 from tandem.server.guided import parse_tools, tool_grammar
-from tandem.server.service import Piece, Service, sse, watch_disconnect
+from tandem.server.service import Gone, Piece, Pump, Service, sse, unless_gone
 
 BILLING_HEADER = "x-anthropic-billing-header"
 PING_S = 5.0  # a ping after this long without an event (e.g. while a long prompt prefills)
@@ -301,34 +301,19 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
         mid = "msg_" + uuid.uuid4().hex
         model = svc.settings.served_model_name
         prompt = len(plan.ids)
-        queue: asyncio.Queue[Piece | Exception] = asyncio.Queue()
-
-        async def pump() -> None:
-            try:
-                async for piece in svc.run_one(plan.ids, params, stops, keep_special=keep_special):
-                    await queue.put(piece)
-            except Exception as e:  # reported to the client
-                await queue.put(e)
-
-        task = svc.spawn(pump())
+        pump = Pump(svc, svc.run_one(plan.ids, params, stops, keep_special=keep_special))
         blocks = Blocks()
 
         async def pieces() -> AsyncIterator[tuple[list[bytes], Piece | None]]:
-            """Events of each piece; (pings, None) while nothing comes for PING_S."""
-            while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), PING_S)
-                except TimeoutError:
+            """Events of each piece; (a ping, None) while nothing comes for PING_S."""
+            async for item in pump.items(PING_S):
+                if item is None:
                     yield [sse({"type": "ping"}, "ping")], None
                     continue
-                if isinstance(item, Exception):
-                    raise item
                 events = blocks.feed(shaper.feed(item.text) if item.text else {})
                 if item.finish_reason is not None:
                     events += blocks.feed(shaper.finish()) + blocks.close()
                 yield events, item
-                if item.finish_reason is not None:
-                    return
 
         if not body.stream:
 
@@ -338,19 +323,16 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
                     last = piece or last
                 return last
 
-            collecting = asyncio.create_task(collect())
-            watcher = asyncio.create_task(watch_disconnect(request))
-            done, _ = await asyncio.wait({collecting, watcher}, return_when="FIRST_COMPLETED")
-            watcher.cancel()
-            if collecting not in done:  # the client went away: abort its request
-                collecting.cancel()
-                task.cancel()
+            try:
+                last = await unless_gone(request, asyncio.create_task(collect()))
+            except Gone:
                 svc.metrics.requests.labels("messages", "disconnected").inc()
                 return Response(status_code=499)
-            task.cancel()
-            if collecting.exception() is not None:
+            except Exception:
                 svc.metrics.requests.labels("messages", "error").inc()
-            last = collecting.result()  # re-raises a RequestError as the response
+                raise  # a RequestError is the error response
+            finally:
+                await pump.close()
             assert last is not None
             reason, sequence = stop_reason(last, shaper)
             svc.metrics.requests.labels("messages", "ok").inc()
@@ -406,7 +388,6 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
                 )
             finally:
                 svc.metrics.requests.labels("messages", status).inc()
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await pump.close()
 
         return StreamingResponse(events(), media_type="text/event-stream")

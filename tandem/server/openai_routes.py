@@ -28,7 +28,7 @@ from tandem.server.requests import (
     chat_request,
     completion_request,
 )
-from tandem.server.service import Piece, Service, sse, watch_disconnect
+from tandem.server.service import Gone, Piece, Service, sse, unless_gone
 
 SEEDS = INT_MAX + 1  # seed + j of sample j wraps within the 64-bit range
 
@@ -189,21 +189,17 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
                 return "".join(parts), n, reason, ids, cached, lps, plps
 
             tasks = [svc.spawn(collect(i)) for i in range(len(jobs))]
-            gathered = asyncio.gather(*tasks)
-            watcher = asyncio.create_task(watch_disconnect(request))
-            done, _ = await asyncio.wait({watcher, gathered}, return_when=asyncio.FIRST_COMPLETED)
-            watcher.cancel()
-            if gathered not in done:
-                for t in tasks:
-                    t.cancel()  # the client went away: abort its requests in the engine
-                await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                results = await unless_gone(request, asyncio.gather(*tasks))
+            except Gone:  # the client went away: its requests were aborted in the engine
                 svc.metrics.requests.labels(endpoint, "disconnected").inc()
                 return Response(status_code=499)
-            if gathered.exception() is not None:
+            except Exception:
                 for t in tasks:
-                    t.cancel()
+                    t.cancel()  # one choice failed: the others end too
+                await asyncio.gather(*tasks, return_exceptions=True)
                 svc.metrics.requests.labels(endpoint, "error").inc()
-            results = gathered.result()  # re-raises the first RequestError
+                raise  # the first RequestError is the error response
             keep = list(range(len(jobs)))
             if m > n:
                 keep = []

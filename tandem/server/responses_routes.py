@@ -24,7 +24,7 @@ from tandem.server import responses_schema as r
 from tandem.server.chat_prep import ChatPlan, plan_chat
 from tandem.server.errors import RequestError
 from tandem.server.guided import parse_guided, parse_tools, tool_grammar
-from tandem.server.service import Piece, Service, sse, watch_disconnect
+from tandem.server.service import Gone, Piece, Pump, Service, sse, unless_gone
 
 ENCRYPTED_PREFIX = "tandem-r1:"  # encrypted_content this server wrote (plain, encoded)
 
@@ -360,33 +360,19 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
                     last = piece
                 return last
 
-            task = svc.spawn(collect())
-            watcher = asyncio.create_task(watch_disconnect(request))
-            done, _ = await asyncio.wait({task, watcher}, return_when="FIRST_COMPLETED")
-            watcher.cancel()
-            if task not in done:
-                task.cancel()
+            try:
+                last = await unless_gone(request, svc.spawn(collect()))
+            except Gone:
                 svc.metrics.requests.labels("responses", "disconnected").inc()
                 return Response(status_code=499)
-            if task.exception() is not None:
+            except Exception:
                 svc.metrics.requests.labels("responses", "error").inc()
-            last = task.result()
+                raise  # a RequestError is the error response
             assert last is not None
             svc.metrics.requests.labels("responses", "ok").inc()
             return JSONResponse(snapshot(_status(last), last))
 
-        queue: asyncio.Queue[tuple[list[dict[str, Any]], Piece] | Exception | None]
-        queue = asyncio.Queue()
-
-        async def pump() -> None:
-            try:
-                async for item in pieces():
-                    await queue.put(item)
-                await queue.put(None)
-            except Exception as e:  # reported in-stream
-                await queue.put(e)
-
-        task = svc.spawn(pump())
+        pump = Pump(svc, pieces())
 
         async def events() -> AsyncIterator[bytes]:
             seq = 0
@@ -403,34 +389,30 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
                 yield emit(
                     {"type": "response.in_progress", "response": snapshot("in_progress", None)}
                 )
-                while (item := await queue.get()) is not None:
-                    if isinstance(item, Exception):
-                        message = str(item)
-                        code = "server_error"
-                        if isinstance(item, RequestError) and item.status < 500:
-                            code = "invalid_request_error"
-                        yield emit({"type": "error", "code": code, "message": message})
-                        failed = snapshot("failed", None)
-                        failed["error"] = {"code": code, "message": message}
-                        yield emit({"type": "response.failed", "response": failed})
-                        return
-                    out, piece = item
-                    for event in out:
-                        yield emit(event)
-                    if piece.finish_reason is not None:
-                        final = _status(piece)
-                        kind = (
-                            "response.completed" if final == "completed" else "response.incomplete"
-                        )
-                        yield emit({"type": kind, "response": snapshot(final, piece)})
-                        status = "ok"
+                try:
+                    async for out, piece in pump.items():
+                        for event in out:
+                            yield emit(event)
+                        if piece.finish_reason is not None:
+                            final = _status(piece)
+                            done = "completed" if final == "completed" else "incomplete"
+                            response = snapshot(final, piece)
+                            yield emit({"type": f"response.{done}", "response": response})
+                            status = "ok"
+                except Exception as e:  # reported in-stream, never a broken stream
+                    code = "server_error"
+                    if isinstance(e, RequestError) and e.status < 500:
+                        code = "invalid_request_error"
+                    yield emit({"type": "error", "code": code, "message": str(e)})
+                    failed = snapshot("failed", None)
+                    failed["error"] = {"code": code, "message": str(e)}
+                    yield emit({"type": "response.failed", "response": failed})
             except (GeneratorExit, asyncio.CancelledError):
                 status = "disconnected"
                 raise
             finally:
                 svc.metrics.requests.labels("responses", status).inc()
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await pump.close()
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

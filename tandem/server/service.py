@@ -222,6 +222,63 @@ async def watch_disconnect(request: Request) -> None:
         await asyncio.sleep(0.1)
 
 
+class Gone(Exception):
+    """The client disconnected before the response was ready."""
+
+
+async def unless_gone(request: Request, task: asyncio.Future) -> Any:
+    """``task``'s result, or ``Gone`` (the task cancelled) if the client leaves first; the
+    task's own exception (a RequestError: the error response) is raised as it is."""
+    watcher = asyncio.create_task(watch_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise Gone
+    return task.result()
+
+
+_END = object()
+
+
+class Pump:
+    """One admitted request's items, produced by a task that counts against max_pending (so
+    admission holds even if nobody reads) and read in order, with an idle tick."""
+
+    def __init__(self, svc: Service, items: AsyncIterator[Any]) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.task = svc.spawn(self._run(items))
+
+    async def _run(self, items: AsyncIterator[Any]) -> None:
+        try:
+            async for item in items:
+                await self.queue.put(item)
+            await self.queue.put(_END)
+        except Exception as e:  # raised to the reader
+            await self.queue.put(e)
+
+    async def items(self, idle_s: float | None = None) -> AsyncIterator[Any]:
+        """The items; None after every ``idle_s`` without one; what the producer raised."""
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), idle_s)
+            except TimeoutError:
+                yield None
+                continue
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
 def sse(obj: dict[str, Any], event: str | None = None) -> bytes:
     """One server-sent event (with an ``event:`` line when named, as Anthropic's are)."""
     data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

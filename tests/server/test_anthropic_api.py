@@ -288,3 +288,42 @@ def test_misplaced_blocks_and_unsupported_display_are_400s(client):
         assert "not allowed" in info.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         ask(client, max_tokens=20, thinking={"type": "adaptive", "display": "omitted"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_aborts_the_request(server, stream):
+    body = {
+        "model": "tiny",
+        "max_tokens": 3000,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "go on"}],
+    }
+    headers = {"x-api-key": API_KEY}
+    gone = 'tandem_requests_total{endpoint="messages",status="disconnected"}'
+    before = counted(server, gone)
+    assert server.post("/pause").status_code == 200  # the request cannot finish first
+    if stream:
+        with httpx.stream(
+            "POST", server.url + "/v1/messages", json=body, headers=headers, timeout=30
+        ) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i > 0:
+                    break
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/messages", json=body, headers=headers, timeout=1.0)
+    assert server.post("/resume").status_code == 200
+    server.wait_idle(10)
+    assert server.metric("tandem_num_requests_running") == 0
+    assert server.get("/health").status_code == 200
+    deadline = time.time() + 10
+    while counted(server, gone) == before and time.time() < deadline:
+        time.sleep(0.1)
+    assert counted(server, gone) == before + 1
+
+
+def counted(server, name: str) -> float:
+    try:
+        return server.metric(name)
+    except KeyError:
+        return 0.0

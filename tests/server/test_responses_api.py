@@ -4,6 +4,7 @@ SDK and raw HTTP for the exact event sequence."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -194,3 +195,38 @@ def test_long_string_input_and_calls_sent_back_as_returned(client):
         {"type": "function_call_output", "call_id": "c1", "output": "cut short"},
     ]
     assert ask(client, input=history, tools=[WEATHER], max_output_tokens=2).usage.input_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_aborts_the_request(server, stream):
+    body = {"model": "tiny", "max_output_tokens": 3000, "stream": stream, "input": "go on"}
+    gone = 'tandem_requests_total{endpoint="responses",status="disconnected"}'
+    before = counted(server, gone)
+    assert server.post("/pause").status_code == 200  # the request cannot finish first
+    if stream:
+        with httpx.stream(
+            "POST", server.url + "/v1/responses", json=body, headers=server.headers(), timeout=30
+        ) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i > 0:
+                    break
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                server.url + "/v1/responses", json=body, headers=server.headers(), timeout=1.0
+            )
+    assert server.post("/resume").status_code == 200
+    server.wait_idle(10)
+    assert server.metric("tandem_num_requests_running") == 0
+    assert server.get("/health").status_code == 200
+    deadline = time.time() + 10
+    while counted(server, gone) == before and time.time() < deadline:
+        time.sleep(0.1)
+    assert counted(server, gone) == before + 1
+
+
+def counted(server, name: str) -> float:
+    try:
+        return server.metric(name)
+    except KeyError:
+        return 0.0
