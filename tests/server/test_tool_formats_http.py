@@ -59,7 +59,10 @@ def stream(server, body) -> tuple[str, list[dict], str | None]:
     return content, [calls[i] for i in sorted(calls)], reason
 
 
-@pytest.mark.parametrize("fmt", ["qwen3_coder", "kimi_k2", "harmony"])
+@pytest.mark.parametrize(
+    "fmt",
+    ["qwen3_coder", "kimi_k2", "harmony", "deepseek_v3", "deepseek_v31", "glm45", "minimax_m2"],
+)
 def test_forced_output_in_format_parses_to_tool_calls(served_model, fmt):
     text = render(fmt, *CALLS)
     if fmt != "harmony":
