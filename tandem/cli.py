@@ -99,6 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
             reasoning=args.reasoning,
             tool_call_format=args.tool_call_format,
             keep_billing_header=args.keep_billing_header,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
     except (ValueError, RuntimeError) as e:
         print(f"tandem: error: {e}", file=sys.stderr)
@@ -213,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="/v1/messages: keep system blocks starting with x-anthropic-billing-header (by "
         "default they are dropped: they change every request and defeat the prefix cache)",
+    )
+    s.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let requests bring their own chat template (chat_template_kwargs.chat_template): "
+        "Jinja from clients run on the server, so only for trusted clients",
     )
     _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)

@@ -91,7 +91,9 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     install_openai_routes(app, svc)
     install_anthropic_routes(app, svc)
     install_responses_routes(app, svc)
-    install_tokenize_routes(app, tokenizer, max_model_len, svc.check_model)
+    install_tokenize_routes(
+        app, tokenizer, max_model_len, svc.check_model, settings.trust_request_chat_template
+    )
 
     @app.get("/v1/models", response_model=ModelList)
     async def models():

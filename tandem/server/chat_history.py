@@ -75,6 +75,17 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_request_template(kwargs: dict[str, Any], trusted: bool) -> None:
+    """A request's own chat template is Jinja run on the server: only when the server trusts
+    its clients (``--trust-request-chat-template``)."""
+    if "chat_template" in kwargs and not trusted:
+        raise RequestError(
+            "chat_template_kwargs.chat_template needs a server started with "
+            "--trust-request-chat-template",
+            param="chat_template_kwargs",
+        )
+
+
 def template_error(e: Exception) -> RequestError:
     """A chat template that fails is the request's fault: a 400 with the template's own
     message (``raise_exception`` raises jinja's ``TemplateError`` carrying it), or the

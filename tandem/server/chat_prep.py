@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.server.chat_history import normalize_messages, template_error
+from tandem.server.chat_history import check_request_template, normalize_messages, template_error
 from tandem.server.chat_output import ChatOutput
 from tandem.server.errors import RequestError
 from tandem.server.guided import (
@@ -46,6 +46,7 @@ def render(
     templates accept). ``continue_final``: a trailing assistant message is continued (a
     prefill, as Anthropic's API has it), not closed. A template that fails is the request's
     fault (400 with its message)."""
+    check_request_template(template_kwargs, svc.settings.trust_request_chat_template)
     messages = normalize_messages(messages)
     kwargs = dict(template_kwargs)
     if continue_final and messages and messages[-1]["role"] == "assistant":

@@ -24,10 +24,9 @@ from tandem.server.tool_calls import MAX_TOOLS
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_N = 16
-# chat_template_kwargs that would replace the model's template (a client's Jinja run on the
-# server) or the rendering the server decides: refused.
+# chat_template_kwargs that would change the rendering the server decides: refused. (A
+# client's own "chat_template" needs --trust-request-chat-template: chat_history.py.)
 RESERVED_TEMPLATE_KWARGS = (
-    "chat_template",
     "tokenize",
     "messages",
     "conversation",
@@ -344,7 +343,9 @@ class ChatCompletionRequest(GenerationBody):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None,
         description="Extra variables for the chat template (as vLLM); not the template itself "
-        "nor the rendering switches: " + ", ".join(RESERVED_TEMPLATE_KWARGS) + ".",
+        "(chat_template only with --trust-request-chat-template) nor the rendering switches: "
+        + ", ".join(RESERVED_TEMPLATE_KWARGS)
+        + ".",
     )
     tools: list[ChatTool] | None = Field(
         None, max_length=MAX_TOOLS, description="Functions the model may call (distinct names)."

@@ -75,6 +75,7 @@ def serve(
     reasoning: str = "auto",
     tool_call_format: str = "auto",
     keep_billing_header: bool = False,
+    trust_request_chat_template: bool = False,
 ) -> int:
     path = resolve_model(config.model)  # fetches the default model here, not in the engine
     name = served_model_name or default_served_name(config.model, path)
@@ -87,5 +88,6 @@ def serve(
         reasoning=reasoning,
         tool_call_format=tool_call_format,
         keep_billing_header=keep_billing_header,
+        trust_request_chat_template=trust_request_chat_template,
     )
     return asyncio.run(_serve(config, host, port, settings))

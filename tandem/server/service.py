@@ -36,6 +36,7 @@ class ServerSettings:
     reasoning: str = "auto"  # split <think> blocks: auto (template uses them) | on | off
     tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
     keep_billing_header: bool = False  # /v1/messages: keep x-anthropic-billing-header blocks
+    trust_request_chat_template: bool = False  # chat_template_kwargs may carry a template
 
 
 @dataclass

@@ -8,6 +8,7 @@ that does not validate is a 400 in OpenAI's error shape (``validation_error`` in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tandem.frontend.tokenizer import Tokenizer
-from tandem.server.chat_history import normalize_messages, template_error
+from tandem.server.chat_history import check_request_template, normalize_messages, template_error
 from tandem.server.errors import RequestError
 from tandem.server.openai_schema import MAX_MESSAGES, check_template_kwargs
 from tandem.server.requests import parse_chat
@@ -115,6 +116,7 @@ def install_tokenize_routes(
     tokenizer: Tokenizer,
     max_model_len: int,
     check_model: Callable[[str | None], None],
+    trust_request_chat_template: bool = False,
 ) -> None:
     def strs(ids: list[int]) -> list[str]:
         return list(tokenizer.hf.convert_ids_to_tokens(ids))
@@ -132,10 +134,12 @@ def install_tokenize_routes(
                 chat["chat_template_kwargs"] = body.chat_template_kwargs
             req = parse_chat(chat)  # the same messages, tools and template rules as chat
             kwargs = dict(req.template_kwargs)
+            check_request_template(kwargs, trust_request_chat_template)
             if body.continue_final_message:
                 kwargs["continue_final_message"] = True
             try:
-                ids = tokenizer.apply_chat_template(
+                ids = await asyncio.to_thread(  # templating off the event loop
+                    tokenizer.apply_chat_template,
                     normalize_messages(req.messages),  # as the chat route renders them
                     add_generation_prompt=body.add_generation_prompt,
                     add_special_tokens=body.add_special_tokens,

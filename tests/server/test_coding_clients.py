@@ -75,7 +75,7 @@ def strict_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def strict(strict_model):
-    s = Server(strict_model)
+    s = Server(strict_model, "--trust-request-chat-template")
     yield s
     s.stop()
 

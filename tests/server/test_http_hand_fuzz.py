@@ -136,7 +136,10 @@ def test_fuzz_findings_are_rejected_not_ignored(server):
 
 
 def test_message_count_is_limited(server):
-    r = server.post("/v1/chat/completions", json={"messages": MSG * 1025, "max_tokens": 1})
+    from tandem.server.openai_schema import MAX_MESSAGES
+
+    body = {"messages": MSG * (MAX_MESSAGES + 1), "max_tokens": 1}
+    r = server.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
