@@ -314,6 +314,8 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
                 if item.finish_reason is not None:
                     events += blocks.feed(shaper.finish()) + blocks.close()
                 yield events, item
+                if item.finish_reason is not None:
+                    return  # the answer is whole: do not wait for the producer's clean-up
 
         if not body.stream:
 

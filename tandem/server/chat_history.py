@@ -34,14 +34,13 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``role``, ``content`` str, optional ``name``, ``tool_calls``, ``tool_call_id``). The
     input is not modified; messages that no rule touches are returned as they are."""
     renamed = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
-    merged: list[dict[str, Any]] = []
+    runs: list[list[dict[str, Any]]] = []  # consecutive mergeable messages, merged once each
     for m in _hoist_system(renamed):
-        prev = merged[-1] if merged else None
-        if prev is not None and m["role"] in _MERGED_ROLES and _mergeable(prev, m):
-            merged[-1] = _merge(prev, m)
+        if runs and m["role"] in _MERGED_ROLES and _mergeable(runs[-1][0], m):
+            runs[-1].append(m)
         else:
-            merged.append(m)
-    return merged
+            runs.append([m])
+    return [_merge(run) if len(run) > 1 else run[0] for run in runs]
 
 
 def _mergeable(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -54,22 +53,20 @@ def _hoist_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return messages
     first = messages[systems[0]]
     moved = [i for i in systems if _mergeable(first, messages[i])]
-    lead = first
-    for i in moved[1:]:
-        lead = _merge(lead, messages[i])
+    lead = _merge([messages[i] for i in moved]) if len(moved) > 1 else first
     gone = set(moved)
     rest = [m for i, m in enumerate(messages) if i not in gone]
     return [lead, *rest]
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """One message of ``a``'s role and name with both texts and both tool-call lists."""
-    texts = [t for t in (a["content"], b["content"]) if t]
-    out = {**a, "content": SEPARATOR.join(texts)}
-    calls = [*a.get("tool_calls", ()), *b.get("tool_calls", ())]
+def _merge(run: list[dict[str, Any]]) -> dict[str, Any]:
+    """One message of the first's role and name with all texts, tool calls and reasonings, in
+    order (one pass: a long run costs its length, not its square)."""
+    out = {**run[0], "content": SEPARATOR.join(m["content"] for m in run if m["content"])}
+    calls = [c for m in run for c in m.get("tool_calls", ())]
     if calls:
         out["tool_calls"] = calls
-    thoughts = [t for t in (a.get("reasoning_content"), b.get("reasoning_content")) if t]
+    thoughts = [m["reasoning_content"] for m in run if m.get("reasoning_content")]
     if thoughts:
         out["reasoning_content"] = SEPARATOR.join(thoughts)
     return out

@@ -64,15 +64,19 @@ def think_budget_grammar(
     spent, ``</think>`` is the only way on. The answer after it is free: any token, special
     ones too (a tool-call marker token must stay possible)."""
     ids = ids or {}
+    tags = ",".join(str(ids[t]) for t in ("<think>", "</think>") if t in ids)
+    if not tags:  # tags in several tokens: the answer is text (a token range could open one)
+        block, rules = think_block(ids, inside=inside, budget=budget)
+        return check_grammar("grammar", f"start: {block} REST\n{rules}REST: /(.|\\n)*/\n", param)
     closed, rules = think_block(ids, inside=True, budget=budget)  # "thought </think>"
     if inside:
         start = f"start: {closed} rest"
-    elif "<think>" in ids:  # the block, or an answer whose first token is not the tag
-        start = f"start: <[{ids['<think>']}]> {closed} rest | (<[^{ids['<think>']}]> rest)?"
-    else:  # a tag in several tokens: the answer is text (a token range could open a block)
-        block, rules = think_block(ids, inside=False, budget=budget)
-        return check_grammar("grammar", f"start: {block} REST\n{rules}REST: /(.|\\n)*/\n", param)
-    return check_grammar("grammar", f"{start}\n{rules}rest: <[*]>*\n", param)
+    elif "<think>" not in ids:  # an opening tag of several tokens, a closing one of one
+        start = f"start: {think_block(ids, inside=False, budget=budget)[0]} rest"
+    else:  # the block, or an answer whose first token is not a tag
+        start = f"start: <[{ids['<think>']}]> {closed} rest | (<[^{tags}]> rest)?"
+    # After the block any token but the tags (a second block would think past the budget).
+    return check_grammar("grammar", f"{start}\n{rules}rest: <[^{tags}]>*\n", param)
 
 
 def plan_chat(

@@ -37,6 +37,7 @@ RESERVED_TEMPLATE_KWARGS = (
     "return_dict",
     "return_assistant_tokens_mask",
     "tokenizer_kwargs",
+    "add_special_tokens",
 )
 
 

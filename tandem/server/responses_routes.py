@@ -399,6 +399,7 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
                             response = snapshot(final, piece)
                             yield emit({"type": f"response.{done}", "response": response})
                             status = "ok"
+                            break  # whole: do not wait for the producer's clean-up
                 except Exception as e:  # reported in-stream, never a broken stream
                     code = "server_error"
                     if isinstance(e, RequestError) and e.status < 500:

@@ -276,8 +276,9 @@ class Pump:
             yield item
 
     async def close(self) -> None:
+        """Stop the producer. Not awaited: its clean-up (e.g. aborting a request a stop string
+        ended, a send that may wait) must not hold the response open."""
         self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 def sse(obj: dict[str, Any], event: str | None = None) -> bytes:

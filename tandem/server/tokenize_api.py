@@ -139,11 +139,12 @@ def install_tokenize_routes(
                 kwargs["continue_final_message"] = True
             try:
                 ids = await asyncio.to_thread(  # templating off the event loop
-                    tokenizer.apply_chat_template,
-                    normalize_messages(req.messages),  # as the chat route renders them
-                    add_generation_prompt=body.add_generation_prompt,
-                    add_special_tokens=body.add_special_tokens,
-                    **kwargs,
+                    lambda: tokenizer.apply_chat_template(
+                        normalize_messages(req.messages),  # as the chat route renders them
+                        add_generation_prompt=body.add_generation_prompt,
+                        add_special_tokens=body.add_special_tokens,
+                        **kwargs,
+                    )
                 )
             except Exception as e:  # template errors are the request's fault
                 raise template_error(e) from None

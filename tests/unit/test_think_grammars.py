@@ -93,3 +93,17 @@ def test_after_the_budgeted_block_any_token_may_follow(setup):
     capped = c.matcher(*think_budget_grammar(False, 4, "thinking", ids))
     four = tok.encode("alpha beta gamma delta epsilon", add_special_tokens=False)
     assert not all(capped.accept(t) for t in [ids["<think>"], *four])
+
+
+def test_the_budget_cannot_be_bypassed_by_a_second_block(setup):
+    tok, c, ids = setup
+    if not ids:
+        pytest.skip("tags in several tokens: the answer is text")
+    long = tok.encode("alpha beta gamma delta epsilon zeta eta", add_special_tokens=False)
+    newline = tok.encode("\n", add_special_tokens=False)
+    for inside, seq in (
+        (False, [*newline, ids["<think>"], *long]),  # skip the block, then open one late
+        (True, [*tok.encode("ab", add_special_tokens=False), ids["</think>"], ids["<think>"]]),
+    ):
+        m = c.matcher(*think_budget_grammar(inside, 4, "thinking", ids))
+        assert not all(m.accept(t) for t in seq)
