@@ -23,7 +23,7 @@ from tandem.server.chat_output import ChatOutput
 from tandem.server.chat_prep import ChatPlan, plan_chat
 from tandem.server.errors import RequestError
 from tandem.server.guided import parse_tools, tool_grammar
-from tandem.server.service import Gone, Piece, Pump, Service, sse, unless_gone
+from tandem.server.service import Piece, Pump, Service, sse, whole
 
 BILLING_HEADER = "x-anthropic-billing-header"
 PING_S = 5.0  # a ping after this long without an event (e.g. while a long prompt prefills)
@@ -326,18 +326,12 @@ def install_anthropic_routes(app: FastAPI, svc: Service) -> None:
                 return last
 
             try:
-                last = await unless_gone(request, asyncio.create_task(collect()))
-            except Gone:
-                svc.metrics.requests.labels("messages", "disconnected").inc()
-                return Response(status_code=499)
-            except Exception:
-                svc.metrics.requests.labels("messages", "error").inc()
-                raise  # a RequestError is the error response
+                last = await whole(svc, request, "messages", asyncio.create_task(collect()))
             finally:
                 await pump.close()
-            assert last is not None
+            if last is None:
+                return Response(status_code=499)  # the client went away
             reason, sequence = stop_reason(last, shaper)
-            svc.metrics.requests.labels("messages", "ok").inc()
             return JSONResponse(
                 {
                     "id": mid,

@@ -28,7 +28,7 @@ from tandem.server.requests import (
     chat_request,
     completion_request,
 )
-from tandem.server.service import Gone, Piece, Service, sse, unless_gone
+from tandem.server.service import Piece, Service, sse, whole
 
 SEEDS = INT_MAX + 1  # seed + j of sample j wraps within the 64-bit range
 
@@ -190,16 +190,14 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
 
             tasks = [svc.spawn(collect(i)) for i in range(len(jobs))]
             try:
-                results = await unless_gone(request, asyncio.gather(*tasks))
-            except Gone:  # the client went away: its requests were aborted in the engine
-                svc.metrics.requests.labels(endpoint, "disconnected").inc()
-                return Response(status_code=499)
+                results = await whole(svc, request, endpoint, asyncio.gather(*tasks))
             except Exception:
                 for t in tasks:
                     t.cancel()  # one choice failed: the others end too
                 await asyncio.gather(*tasks, return_exceptions=True)
-                svc.metrics.requests.labels(endpoint, "error").inc()
                 raise  # the first RequestError is the error response
+            if results is None:  # the client went away: its requests were aborted
+                return Response(status_code=499)
             keep = list(range(len(jobs)))
             if m > n:
                 keep = []
@@ -228,7 +226,6 @@ def install_openai_routes(app: FastAPI, svc: Service) -> None:
                     c["index"] = index
                     choices.append(c)
             n_out = sum(r[1] for r in results)
-            svc.metrics.requests.labels(endpoint, "ok").inc()
             return JSONResponse(
                 {
                     **base,

@@ -24,7 +24,7 @@ from tandem.server import responses_schema as r
 from tandem.server.chat_prep import ChatPlan, plan_chat
 from tandem.server.errors import RequestError
 from tandem.server.guided import parse_guided, parse_tools, tool_grammar
-from tandem.server.service import Gone, Piece, Pump, Service, sse, unless_gone
+from tandem.server.service import Piece, Pump, Service, sse, whole
 
 ENCRYPTED_PREFIX = "tandem-r1:"  # encrypted_content this server wrote (plain, encoded)
 
@@ -360,16 +360,9 @@ def install_responses_routes(app: FastAPI, svc: Service) -> None:
                     last = piece
                 return last
 
-            try:
-                last = await unless_gone(request, svc.spawn(collect()))
-            except Gone:
-                svc.metrics.requests.labels("responses", "disconnected").inc()
-                return Response(status_code=499)
-            except Exception:
-                svc.metrics.requests.labels("responses", "error").inc()
-                raise  # a RequestError is the error response
-            assert last is not None
-            svc.metrics.requests.labels("responses", "ok").inc()
+            last = await whole(svc, request, "responses", svc.spawn(collect()))
+            if last is None:
+                return Response(status_code=499)  # the client went away
             return JSONResponse(snapshot(_status(last), last))
 
         pump = Pump(svc, pieces())

@@ -242,6 +242,22 @@ async def unless_gone(request: Request, task: asyncio.Future) -> Any:
     return task.result()
 
 
+async def whole(svc: Service, request: Request, endpoint: str, task: asyncio.Future) -> Any:
+    """A non-streamed generation's result, counted in ``tandem_requests`` under ``endpoint``;
+    None if the client left first (counted as disconnected; the work is cancelled). The
+    task's own exception (a RequestError: the error response) is counted and raised."""
+    try:
+        result = await unless_gone(request, task)
+    except Gone:
+        svc.metrics.requests.labels(endpoint, "disconnected").inc()
+        return None
+    except Exception:
+        svc.metrics.requests.labels(endpoint, "error").inc()
+        raise
+    svc.metrics.requests.labels(endpoint, "ok").inc()
+    return result
+
+
 _END = object()
 
 

@@ -53,8 +53,14 @@ def byte_fallback_tokenizer_json(added: dict[int, str], total_vocab: int) -> str
         vocab.setdefault(next(fill), len(vocab))
     data["model"].update(vocab=vocab, byte_fallback=True, fuse_unk=True, unk_token=None)
     out = Tokenizer.from_str(json.dumps(data))
-    # Llama 2's decoder: ▁ is a space, byte tokens join into characters, the leading space goes.
-    out.decoder = decoders.Sequence(
+    out.decoder = llama2_decoder()
+    return out.to_str()
+
+
+def llama2_decoder() -> decoders.Decoder:
+    """Llama 2's decoder: ▁ is a space, byte tokens join into characters, the leading space
+    goes."""
+    return decoders.Sequence(
         [
             decoders.Replace("▁", " "),
             decoders.ByteFallback(),
@@ -62,7 +68,6 @@ def byte_fallback_tokenizer_json(added: dict[int, str], total_vocab: int) -> str
             decoders.Strip(" ", 1, 0),
         ]
     )
-    return out.to_str()
 
 
 def use_byte_fallback_tokenizer(model_dir: Path) -> Path:

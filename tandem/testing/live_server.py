@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -113,12 +114,35 @@ class Server:
     def get(self, path: str, **kw) -> httpx.Response:
         return httpx.get(self.url + path, headers=self.headers(), timeout=30, **kw)
 
-    def metric(self, name: str) -> float:
-        """One unlabelled value from /metrics."""
+    def metric(self, name: str, default: float | None = None) -> float:
+        """One value from /metrics (``name`` with its labels, as exposed); ``default`` for
+        one not exposed yet (else KeyError)."""
         value = parse_metric(self.get("/metrics").text, name)
         if value is None:
-            raise KeyError(name)
+            if default is None:
+                raise KeyError(name)
+            return default
         return value
+
+    def named_events(
+        self, path: str, body: dict, headers: dict[str, str] | None = None
+    ) -> list[tuple[str, dict]]:
+        """(event name, data) of a streamed request whose events are named (Anthropic's,
+        the Responses API's), in order; each data's ``type`` is checked against its name."""
+        out = []
+        with httpx.stream(
+            "POST", self.url + path, json=body, headers=headers or self.headers(), timeout=60
+        ) as r:
+            assert r.status_code == 200, r.read()
+            name = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    assert data["type"] == name
+                    out.append((name, data))
+        return out
 
     def wait_idle(self, timeout: float) -> None:
         """Poll /metrics until no request is running (or ``timeout`` passes); callers assert

@@ -5,6 +5,18 @@ from __future__ import annotations
 
 import json
 
+# A tool whose parameters are typed (so the XML formats' values parse as JSON by the schema).
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    },
+}
+
 
 def xml_value(v: object) -> str:
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)

@@ -48,22 +48,8 @@ def ask(client, **kw):
 
 
 def events(server, body: dict) -> list[tuple[str, dict]]:
-    """(event name, data) of a streamed request, in order."""
-    out = []
     headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
-    with httpx.stream(
-        "POST", server.url + "/v1/messages", json=body, headers=headers, timeout=60
-    ) as r:
-        assert r.status_code == 200
-        name = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                assert data["type"] == name
-                out.append((name, data))
-    return out
+    return server.named_events("/v1/messages", body, headers)
 
 
 def test_create_and_count_tokens(client):
@@ -300,7 +286,7 @@ def test_disconnect_aborts_the_request(server, stream):
     }
     headers = {"x-api-key": API_KEY}
     gone = 'tandem_requests_total{endpoint="messages",status="disconnected"}'
-    before = counted(server, gone)
+    before = server.metric(gone, 0.0)
     assert server.post("/pause").status_code == 200  # the request cannot finish first
     if stream:
         with httpx.stream(
@@ -317,13 +303,6 @@ def test_disconnect_aborts_the_request(server, stream):
     assert server.metric("tandem_num_requests_running") == 0
     assert server.get("/health").status_code == 200
     deadline = time.time() + 10
-    while counted(server, gone) == before and time.time() < deadline:
+    while server.metric(gone, 0.0) == before and time.time() < deadline:
         time.sleep(0.1)
-    assert counted(server, gone) == before + 1
-
-
-def counted(server, name: str) -> float:
-    try:
-        return server.metric(name)
-    except KeyError:
-        return 0.0
+    assert server.metric(gone, 0.0) == before + 1

@@ -47,20 +47,7 @@ def ask(client, **kw):
 
 
 def events(server, body: dict) -> list[dict]:
-    out = []
-    with httpx.stream(
-        "POST", server.url + "/v1/responses", json=body, headers=server.headers(), timeout=60
-    ) as r:
-        assert r.status_code == 200
-        name = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                assert data["type"] == name
-                out.append(data)
-    return out
+    return [data for _, data in server.named_events("/v1/responses", body)]
 
 
 def test_create_string_input(client):
@@ -201,7 +188,7 @@ def test_long_string_input_and_calls_sent_back_as_returned(client):
 def test_disconnect_aborts_the_request(server, stream):
     body = {"model": "tiny", "max_output_tokens": 3000, "stream": stream, "input": "go on"}
     gone = 'tandem_requests_total{endpoint="responses",status="disconnected"}'
-    before = counted(server, gone)
+    before = server.metric(gone, 0.0)
     assert server.post("/pause").status_code == 200  # the request cannot finish first
     if stream:
         with httpx.stream(
@@ -220,13 +207,6 @@ def test_disconnect_aborts_the_request(server, stream):
     assert server.metric("tandem_num_requests_running") == 0
     assert server.get("/health").status_code == 200
     deadline = time.time() + 10
-    while counted(server, gone) == before and time.time() < deadline:
+    while server.metric(gone, 0.0) == before and time.time() < deadline:
         time.sleep(0.1)
-    assert counted(server, gone) == before + 1
-
-
-def counted(server, name: str) -> float:
-    try:
-        return server.metric(name)
-    except KeyError:
-        return 0.0
+    assert server.metric(gone, 0.0) == before + 1

@@ -11,19 +11,10 @@ import httpx
 import pytest
 
 from tandem.testing.live_server import Server
-from tandem.testing.tool_call_texts import render
+from tandem.testing.tool_call_texts import WEATHER_TOOL, render
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    },
+    WEATHER_TOOL,
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
 CALLS = (("get_weather", {"city": "Oslo", "days": 3}), ("get_time", {}))

@@ -14,19 +14,10 @@ from tandem.server.anthropic_routes import BILLING_HEADER, Blocks, system_text
 from tandem.server.chat_output import ChatOutput
 from tandem.server.guided import ToolMode
 from tandem.server.responses_routes import Items, decode_reasoning, encode_reasoning
-from tandem.testing.tool_call_texts import render
+from tandem.testing.tool_call_texts import WEATHER_TOOL, render
 
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    },
+    WEATHER_TOOL,
     {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}},
 ]
 OUTPUT = (

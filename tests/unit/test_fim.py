@@ -15,6 +15,7 @@ from tandem.frontend.fim import FimSpec, fim_prompt, fim_tokens
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.server.errors import RequestError
 from tandem.server.requests import parse_completion
+from tandem.testing.byte_fallback import llama2_decoder
 
 CORPUS = [
     "def add(a, b): return a + b",
@@ -79,14 +80,7 @@ def sentencepiece_like(specials: tuple[str, ...]) -> Tokenizer:
     for b in range(256):
         vocab.setdefault(f"<0x{b:02X}>", len(vocab))
     raw = RawTokenizer.from_str(json.dumps(data))
-    raw.decoder = decoders.Sequence(
-        [
-            decoders.Replace("▁", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
+    raw.decoder = llama2_decoder()
     raw.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", raw.token_to_id("<s>"))]
     )

@@ -7,6 +7,7 @@ Once a call's header has matched, the call stands: its arguments stream as they 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from tandem.server.tool_calls.xml_params import XmlArgs, XmlSpec, tool_propertie
 Step = tuple[list[Event], int, Wait | None]  # events, where scanning resumes, what it waits for
 
 
-class Scanner:
+class Scanner(ABC):
     """Turns output text into events. ``scan`` may be called again with more text appended
     to what it did not consume; ``close`` ends the output (after a final scan)."""
 
@@ -52,8 +53,10 @@ class Scanner:
             pos = end
         return events, pos, None
 
+    @abstractmethod
     def step(self, buf: str, pos: int, final: bool) -> Step:
-        raise NotImplementedError
+        """Events from ``buf[pos:]`` up to where this mode ends, that end, and what an
+        undecided rest waits for."""
 
     def close(self) -> list[Event]:
         return []
