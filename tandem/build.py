@@ -15,6 +15,10 @@ from tandem.model_source import resolve_model
 
 log = logging.getLogger("tandem")
 
+# Per dense layer (runner/layers.py), the gathered history of one step's tokens at full
+# context may take this much: it caps such a model's tokens per step.
+DENSE_GATHER_BYTES = 512 << 20
+
 
 @dataclass
 class BuiltEngine:
@@ -67,10 +71,17 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         per_token,
         max_model_len,
     )
+    step_tokens = config.max_num_batched_tokens
+    if runner.dense:
+        # Dense layers gather each token's history: bound tokens x context per layer.
+        cap = max(page, DENSE_GATHER_BYTES // (max_model_len * runner.dense_bytes_per_token))
+        if cap < step_tokens:
+            log.info("dense attention layers: %d tokens per step (was %d)", cap, step_tokens)
+            step_tokens = cap
     sched = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_batched_tokens=step_tokens,
         prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
         kv_budget_tokens=num_pages * page,
         page_size=page,

@@ -32,3 +32,19 @@ def tiny_model_dir(tmp_path_factory) -> callable:
         return made[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory) -> callable:
+    """model_type -> path of a tiny model of a family in tandem.testing.families."""
+    from tandem.testing.families import make_family_model
+
+    root: Path = tmp_path_factory.mktemp("families")
+    made: dict[str, Path] = {}
+
+    def get(model_type: str) -> Path:
+        if model_type not in made:
+            made[model_type] = make_family_model(root / model_type, model_type)
+        return made[model_type]
+
+    return get

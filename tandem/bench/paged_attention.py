@@ -79,28 +79,19 @@ def dense_floor(c: dict) -> float:
 def gather(c: dict) -> float:
     """The runner's CPU path: groups by length, gather whole pages, fused SDPA."""
     from tandem.runner.attention import gather_attention
-    from tandem.runner.paged import DecodeGroup, group_decodes
+    from tandem.runner.step_context import AttnView, DecodeGroup, group_decodes
 
     page, raw = c["page"], c["raw"]
     tables = np.asarray(c["tables"])
-
-    class Ctx:  # the parts of a StepContext the decode path reads
-        kernel = False
-        chunks: list = []
-        unpermute = None
-
-        class pool:
-            page_size = page
-
-    Ctx.decodes = []
+    view = AttnView([], [], None, kernel=False)
     for g in group_decodes(raw):
         width = -(-max(raw[i] for i in g) // page)
-        Ctx.decodes.append(DecodeGroup(g, tables[g][:, :width], [raw[i] for i in g], page))
+        view.decodes.append(DecodeGroup(g, tables[g][:, :width], [raw[i] for i in g], page))
     q = c["q"][:, :, None, :]
     fresh = mx.zeros((q.shape[0], HKV, 1, D), dtype=q.dtype)
 
     def run():
-        return gather_attention(Ctx, q, fresh, fresh, c["kv"], D**-0.5)
+        return gather_attention(view, q, fresh, fresh, c["kv"], D**-0.5)
 
     return timeit(run)
 
@@ -119,9 +110,11 @@ def kernel(c: dict) -> float:
 def write_path(dtype: mx.Dtype, pool_tokens: int, tokens: int, double: bool, steps: int = 30):
     """ms per step of 28 layers' scatters of ``tokens`` new K/V rows into a pool of
     ``pool_tokens`` slots, the next step submitted before the previous is waited on."""
-    from tandem.runner.paged import KVShape, PagePool
+    from tandem.runner.layers import LayerSpec
+    from tandem.runner.paged import PagePool
 
-    pool = PagePool(KVShape(28, HKV, D, dtype), pool_tokens // 16, 16, double_buffer=double)
+    specs = [LayerSpec(HKV, D, HKV, D, dtype)] * 28
+    pool = PagePool(specs, pool_tokens // 16, 16, double_buffer=double)
     new = mx.random.normal((tokens, HKV, D)).astype(dtype)
     mx.eval(new)
     pending = None

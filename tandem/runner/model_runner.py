@@ -12,8 +12,8 @@ import numpy as np
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
-from tandem.runner import attention, kernels
-from tandem.runner.paged import KVShape, PagedCache, PagePool, StepContext
+from tandem.runner import attention, kernels, layers
+from tandem.runner.paged import PagedCache, PagePool
 from tandem.runner.sampler import (
     SamplingArrays,
     advance,
@@ -22,6 +22,7 @@ from tandem.runner.sampler import (
     sample,
     token_logprobs,
 )
+from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
 
@@ -50,48 +51,9 @@ def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
     ]
 
 
-class _ProbeCache:
-    def __init__(self) -> None:
-        self.offset = 0
-        self.seen: tuple[tuple[int, ...], mx.Dtype] | None = None
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.seen = (tuple(keys.shape), keys.dtype)
-        return keys, values
-
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        return None
-
-
-def check_supported(model: nn.Module, model_type: str) -> None:
-    """Only full-attention KV models page today; say so instead of misbehaving."""
-    if not attention.has_seam(attention.model_module(model)):
-        raise ValueError(
-            f"model type {model_type!r} does not call {attention.SEAM} from mlx_lm.models.base"
-        )
-    make_cache = getattr(model, "make_cache", None)
-    if make_cache is None:
-        return
-    from mlx_lm.models.cache import KVCache
-
-    kinds = {type(c).__name__ for c in make_cache() if type(c) is not KVCache}
-    if kinds:
-        raise ValueError(
-            f"model type {model_type!r} uses {', '.join(sorted(kinds))} caches "
-            "(sliding-window or recurrent layers), which Tandem does not support yet"
-        )
-
-
-def probe_kv_shape(model: nn.Module) -> tuple[KVShape, int]:
-    """Run one token through the model to learn the KV geometry and the vocabulary size."""
-    caches = [_ProbeCache() for _ in model.layers]
-    logits = model(mx.array([[0]]), cache=caches)
-    seen = {c.seen for c in caches}
-    if None in seen or len(seen) != 1:
-        raise ValueError("model layers have differing KV shapes; not supported")
-    (shape, dtype) = seen.pop()
-    kv = KVShape(num_layers=len(caches), num_kv_heads=shape[1], head_dim=shape[3], dtype=dtype)
-    return kv, int(logits.shape[-1])
+def check_supported(model: nn.Module, model_type: str) -> list[int | None] | None:
+    """The model's declared layer windows; raises for cache kinds Tandem does not serve."""
+    return layers.declared_windows(model, model_type)
 
 
 class _SelectRows(nn.Module):
@@ -157,13 +119,14 @@ class ModelRunner:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
         overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set."""
-        check_supported(model, model_type)
+        windows = check_supported(model, model_type)
         self.model = model
         self.stream = mx.new_stream(mx.default_device())
-        with mx.stream(self.stream):
-            self.kv_shape, self.vocab_size = probe_kv_shape(model)
-            self.selector = _install_row_selection(model)
         attention.install(model)
+        with mx.stream(self.stream):
+            self.specs, self.vocab_size = layers.probe_layers(model, model_type, windows)
+            self.selector = _install_row_selection(model)
+        self.mask_rank = 4
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
         # The device's paged decode kernel where it exists and agrees with the gather path
@@ -180,20 +143,56 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        return (2 if self.double_buffer else 1) * self.kv_shape.bytes_per_token
+        return (2 if self.double_buffer else 1) * sum(s.bytes_per_token for s in self.specs)
+
+    @property
+    def dense_bytes_per_token(self) -> int:
+        """Bytes one gathered history position costs in the widest dense layer."""
+        return max((s.bytes_per_token for s in self.specs if s.dense), default=0)
+
+    @property
+    def dense(self) -> bool:
+        """Whether some layer attends over gathered per-token history (``runner.layers``)."""
+        return any(s.dense for s in self.specs)
 
     def allocate_kv(self, num_pages: int, page_size: int) -> None:
         """Create the pool once, before serving: its size never changes."""
         with mx.stream(self.stream):
-            self.pool = PagePool(
-                self.kv_shape, num_pages, page_size, double_buffer=self.double_buffer
-            )
+            self.pool = PagePool(self.specs, num_pages, page_size, double_buffer=self.double_buffer)
             if self.decode_kernel is not False:
-                s = self.kv_shape
+                full = {(s.k_dim, s.k_heads, s.dtype) for s in self.specs if not s.dense}
                 heads = self.num_heads
-                self.decode_kernel = heads is not None and kernels.available(
-                    s.head_dim, heads, s.num_kv_heads, s.dtype
+                self.decode_kernel = (
+                    heads is not None
+                    and bool(full)
+                    and all(kernels.available(d, heads, hkv, t) for d, hkv, t in full)
                 )
+            if self.dense:
+                self.mask_rank = self._dense_mask_rank()
+
+    def _dense_mask_rank(self) -> int:
+        """The rank of the padding mask a dense model's attention broadcasts: (T, 1, 1, L)
+        as mlx-lm builds it, or (T, 1, 1, 1, L) for models that split query heads into
+        (kv heads, repeats) before applying it (gemma2). Tried on 97 decodes (a row count no
+        head count equals) of different lengths in a scratch pool."""
+        from tandem.engine.plan import RowSampling, Segment, StepPlan
+
+        pool = PagePool(self.specs, 1, 4, double_buffer=False)
+        n = 97
+        segs = tuple(Segment(f"r{i}", i % 3, 1, (1,), (0,)) for i in range(n))
+        plan = StepPlan(0, segs, (), (), RowSampling((), (), (), ()))
+        inputs = mx.ones((n, 1), dtype=mx.int32)
+        error: Exception | None = None
+        for rank in (4, 5):
+            ctx = StepContext(plan, pool.page_size)
+            ctx.mask_rank = rank
+            caches = [PagedCache(ctx, pool, i) for i in range(len(self.specs))]
+            try:
+                mx.eval(self.model(inputs, cache=caches))
+                return rank
+            except ValueError as e:
+                error = error or e
+        raise ValueError(f"the model's attention does not take a padding mask: {error}")
 
     def reset(self) -> None:
         """After a failure: drop every in-flight step's arrays and recreate the pool."""
@@ -207,7 +206,8 @@ class ModelRunner:
         pool = self.pool
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
-            ctx = StepContext(plan, pool, kernel=bool(self.decode_kernel))
+            ctx = StepContext(plan, pool.page_size, kernel=bool(self.decode_kernel))
+            ctx.mask_rank = self.mask_rank
             pool.begin_step(ctx.host_write_slots, ctx.write_slots)
             inputs = self._inputs(plan, parent)
             sample_idx, prompt_rows = [], []
@@ -222,7 +222,7 @@ class ModelRunner:
             head = sample_idx + [
                 t0 + i for seg, t0 in prompt_rows for i in range(len(seg.next_tokens))
             ]
-            caches = [PagedCache(ctx, i) for i in range(self.kv_shape.num_layers)]
+            caches = [PagedCache(ctx, pool, i) for i in range(len(self.specs))]
             head_rows = mx.array(head, dtype=mx.int32)
             if self.selector is not None:
                 self.selector.select(head_rows)

@@ -58,9 +58,10 @@ def test_the_double_buffer_drops_replayed_writes_this_step_overwrites():
     import mlx.core as mx
     import numpy as np
 
-    from tandem.runner.paged import KVShape, PagePool
+    from tandem.runner.layers import LayerSpec
+    from tandem.runner.paged import PagePool
 
-    pool = PagePool(KVShape(1, 1, 4, mx.float32), 2, 4, double_buffer=True)
+    pool = PagePool([LayerSpec(1, 4, 1, 4, mx.float32)], 2, 4, double_buffer=True)
     ones = mx.ones((2, 1, 4))
     a = np.array([0, 1], dtype=np.int32)
     pool.begin_step(a, mx.array(a))

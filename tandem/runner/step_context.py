@@ -1,0 +1,232 @@
+"""A step's layout, built once from the plan and shared by every layer.
+
+A paged step feeds its tokens as a batch of single-token sequences. Single-token segments
+(decodes) are attended in groups of similar length over their own pages (or all in one group
+by the decode kernel); a multi-token segment (a prefill chunk) gathers its own pages — or,
+starting at 0, attends to its fresh keys. A sliding-window layer reads only the last W
+positions of each segment, so its cost is bounded by the window; the per-window layouts are
+built on first use and shared by every layer of that window. A dense layer (``layers``) gets
+each token's own history, gathered and padded, with the mask of its real positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from tandem.engine.plan import StepPlan
+from tandem.runner import kernels
+
+MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
+
+
+class DecodeGroup:
+    """Single-token segments attended together: queries at ``rows`` over their own pages
+    (``tables``, padded with page 0). Row j's keys are gathered positions
+    ``[starts[j], lengths[j])`` of its table (``starts`` > 0 only inside a window)."""
+
+    def __init__(
+        self,
+        rows: list[int],
+        tables: np.ndarray,
+        lengths: list[int],
+        page: int,
+        *,
+        kernel: bool = False,
+        starts: list[int] | None = None,
+    ):
+        self.rows = mx.array(rows, dtype=mx.int32)
+        self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        self.first = rows[0]
+        self.tables = mx.array(tables)
+        self.lengths = mx.array(lengths, dtype=mx.int32)
+        self.longest = max(lengths)
+        self.starts = mx.array(starts, dtype=mx.int32) if starts and any(starts) else None
+        self.uniform = min(lengths) == self.longest and self.starts is None
+        self.page = page
+        self._mask: mx.array | None = None
+        self.work = kernels.DecodeWork(lengths) if kernel else None
+
+    @property
+    def mask(self) -> mx.array | None:
+        """(B, 1, 1, longest) bool, None when every row reads all of its gathered keys."""
+        if self._mask is None and not self.uniform:
+            cols = mx.arange(self.longest, dtype=mx.int32)[None]
+            m = cols < self.lengths[:, None]
+            if self.starts is not None:
+                m = m & (cols >= self.starts[:, None])
+            self._mask = m[:, None, None, :]
+        return self._mask
+
+    def queries(self, queries: mx.array) -> mx.array:
+        if self.contiguous:
+            return queries[self.first : self.first + self.rows.shape[0]]
+        return queries[self.rows]
+
+
+@dataclass
+class ChunkItem:
+    """A multi-token segment: queries ``[first, first + n)`` over the gathered ``slots``
+    (None: its own fresh keys) under ``mask`` ("causal" or an (n, keys) bool array)."""
+
+    first: int
+    n: int
+    slots: mx.array | None
+    mask: mx.array | str = "causal"
+
+
+def group_decodes(lengths: list[int]) -> list[list[int]]:
+    """Indices into ``lengths`` grouped so padding to each group's longest wastes at most
+    ~MAX_PADDING of the group's real key slots."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        if groups:
+            g = groups[-1]
+            longest = lengths[g[0]]
+            if longest * (len(g) + 1) <= (1 + MAX_PADDING) * (real + n):
+                g.append(i)
+                real += n
+                continue
+        groups.append([i])
+        real = n
+    return groups
+
+
+@dataclass
+class AttnView:
+    """How paged layers of one window attend this step: decode groups, then chunks, and the
+    permutation that puts their outputs back in token order."""
+
+    decodes: list[DecodeGroup]
+    chunks: list[ChunkItem]
+    unpermute: mx.array | None
+    kernel: bool
+
+
+@dataclass
+class DenseView:
+    """Per token, its own history: ``slots`` (T, L) into the pool, ``mask`` of real ones."""
+
+    slots: mx.array
+    mask: mx.array
+
+
+def _slots(pages: tuple[int, ...], lo: int, hi: int, p: int) -> np.ndarray:
+    pos = np.arange(lo, hi)
+    return np.asarray(pages, dtype=np.int32)[pos // p] * p + (pos % p).astype(np.int32)
+
+
+class StepContext:
+    """Everything about a step's layout that every layer shares, built once from the plan.
+    ``kernel``: full-attention decodes go to the paged decode kernel (one group, any
+    lengths); otherwise they are grouped by length for the gather path."""
+
+    def __init__(self, plan: StepPlan, page_size: int, *, kernel: bool = False) -> None:
+        self.kernel = kernel
+        self.page_size = p = page_size
+        self.segments = plan.segments
+        positions: list[int] = []
+        write_slots: list[int] = []
+        for seg in plan.segments:
+            positions.extend(range(seg.start, seg.end))
+            write_slots.extend(_slots(seg.pages, seg.start, seg.end, p).tolist())
+        self.num_tokens = len(positions)
+        self.positions = mx.array(positions, dtype=mx.int32)
+        self.host_write_slots = np.asarray(write_slots, dtype=np.int32)
+        self.write_slots = mx.array(self.host_write_slots)
+        self._views: dict[tuple[int | None, bool], AttnView] = {}
+        self._dense: dict[int | None, DenseView] = {}
+        self.mask_rank = 4
+
+    def view(self, window: int | None, kernel: bool) -> AttnView:
+        kernel = kernel and self.kernel and window is None
+        key = (window, kernel)
+        if key not in self._views:
+            self._views[key] = self._build_view(window, kernel)
+        return self._views[key]
+
+    def _build_view(self, window: int | None, kernel: bool) -> AttnView:
+        p = self.page_size
+        decode_idx: list[int] = []  # token index of each single-token segment
+        lengths: list[int] = []  # keys gathered per decode, from its first gathered page
+        starts: list[int] = []  # first real key among them
+        tables: list[tuple[int, ...]] = []
+        chunks: list[ChunkItem] = []
+        t = 0
+        for seg in self.segments:
+            if seg.num_tokens == 1:
+                lo = 0 if window is None else max(0, seg.end - window)
+                first_page = lo // p
+                decode_idx.append(t)
+                lengths.append(seg.end - first_page * p)
+                starts.append(lo - first_page * p)
+                tables.append(seg.pages[first_page : -(-seg.end // p)])
+            else:
+                chunks.append(self._chunk(seg, t, window))
+            t += seg.num_tokens
+        decodes: list[DecodeGroup] = []
+        order: list[int] = []  # token indices in the order attention outputs come
+        if decode_idx:
+            groups = [list(range(len(decode_idx)))] if kernel else group_decodes(lengths)
+            for group in groups:
+                width = max(len(tables[i]) for i in group)
+                table = np.zeros((len(group), width), dtype=np.int32)
+                for j, i in enumerate(group):
+                    table[j, : len(tables[i])] = tables[i]
+                rows = [decode_idx[i] for i in group]
+                order += rows
+                decodes.append(
+                    DecodeGroup(
+                        rows,
+                        table,
+                        [lengths[i] for i in group],
+                        p,
+                        kernel=kernel,
+                        starts=[starts[i] for i in group],
+                    )
+                )
+        for c in chunks:
+            order += range(c.first, c.first + c.n)
+        unpermute = (
+            None
+            if order == list(range(t))
+            else mx.array(np.argsort(np.asarray(order, dtype=np.int64)).astype(np.int32))
+        )
+        return AttnView(decodes, chunks, unpermute, kernel)
+
+    def _chunk(self, seg, first: int, window: int | None) -> ChunkItem:
+        """Queries at positions [start, end) over keys [lo, end): all earlier positions, or
+        the last ``window`` of each query's."""
+        lo = 0 if window is None else max(0, seg.start - window + 1)
+        if seg.start == 0 and (window is None or seg.end <= window):
+            return ChunkItem(first, seg.num_tokens, None)
+        slots = None if seg.start == 0 else mx.array(_slots(seg.pages, lo, seg.end, self.page_size))
+        if window is None or seg.end - window <= lo:  # no query reaches past its window
+            return ChunkItem(first, seg.num_tokens, slots)
+        q = np.arange(seg.start, seg.end)[:, None]
+        k = np.arange(lo, seg.end)[None]
+        return ChunkItem(first, seg.num_tokens, slots, mx.array((k <= q) & (k > q - window)))
+
+    def dense(self, window: int | None) -> DenseView:
+        """Per token: the pool slots of positions [lo, pos] of its own request (lo: 0, or
+        the window's first), padded to the longest; the mask marks the real ones."""
+        if window not in self._dense:
+            p = self.page_size
+            rows, counts = [], []
+            for seg in self.segments:
+                for pos in range(seg.start, seg.end):
+                    lo = 0 if window is None else max(0, pos - window + 1)
+                    rows.append(_slots(seg.pages, lo, pos + 1, p))
+                    counts.append(pos + 1 - lo)
+            width = max(counts)
+            slots = np.zeros((len(rows), width), dtype=np.int32)
+            for i, r in enumerate(rows):
+                slots[i, : len(r)] = r
+            mask = mx.arange(width)[None] < mx.array(counts, dtype=mx.int32)[:, None]
+            shape = (len(rows),) + (1,) * (self.mask_rank - 2) + (width,)
+            self._dense[window] = DenseView(mx.array(slots), mask.reshape(shape))
+        return self._dense[window]

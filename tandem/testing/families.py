@@ -1,0 +1,92 @@
+"""Tiny random-weight models of the model families beyond plain full attention.
+
+Each entry is a real mlx-lm ``model_type`` with a config small enough for CPU tests but with
+every layer kind of the family present: sliding-window and global layers (gemma3_text,
+cohere2, gpt_oss with attention sinks), models that compute attention themselves (gemma2's
+logit soft-capping) and MLA latent caches (deepseek_v3). Windows are 8 positions, so test
+prompts run far past them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tandem.testing import tiny_models
+
+WINDOW = 8
+
+_BASE: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "gemma2": {
+        "query_pre_attn_scalar": 16,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+    "gemma3_text": {
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
+        "rope_local_base_freq": 10000.0,
+    },
+    "cohere2": {
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "layer_norm_eps": 1e-5,
+        "logit_scale": 0.5,
+    },
+    "gpt_oss": {
+        "sliding_window": WINDOW,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rope_scaling": None,
+        "swiglu_limit": 7.0,
+    },
+    "deepseek_v3": {
+        "q_lora_rank": 32,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "rope_scaling": None,
+    },
+}
+
+
+def family_config(model_type: str) -> dict[str, Any]:
+    return {
+        **_BASE,
+        **FAMILIES[model_type],
+        "model_type": model_type,
+        "architectures": [f"{model_type}ForCausalLM"],
+    }
+
+
+def make_family_model(path: Path, model_type: str, *, seed: int = 0) -> Path:
+    """Write a tiny float32 ``model_type`` model (one of FAMILIES) into ``path``."""
+    return tiny_models._write_model(
+        Path(path), family_config(model_type), seed, "float32", _BASE["vocab_size"]
+    )

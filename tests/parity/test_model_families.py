@@ -1,0 +1,125 @@
+"""Sliding-window, attention-sink, soft-capped and MLA models: token-exact with mlx-lm's
+generate_step however requests are scheduled (windows of 8 positions, prompts far longer)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem import LLM
+from tandem.testing.families import FAMILIES, WINDOW
+from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
+
+TYPES = sorted(FAMILIES)
+
+
+def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
+    kinds = {}
+    for t in TYPES:
+        specs = LLM(str(family_model_dir(t))).engine.loop.runner.specs
+        kinds[t] = [(s.window, s.dense) for s in specs]
+    assert kinds["gemma3_text"] == [(WINDOW, False), (None, False)] * 2
+    assert kinds["cohere2"] == [(WINDOW, False), (None, False)] * 2
+    assert kinds["gpt_oss"] == [(WINDOW, False), (None, False)] * 2
+    # Soft-capped scores computed by the model (no seam), MLA latents of two shapes.
+    assert kinds["gemma2"] == [(None, True)] * 4
+    assert kinds["deepseek_v3"] == [(None, True)] * 4
+    latent = LLM(str(family_model_dir("deepseek_v3"))).engine.loop.runner.specs[0]
+    assert (latent.k_heads, latent.k_dim, latent.v_heads, latent.v_dim) == (1, 32, 1, 8)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_single_request_past_the_window_matches_mlx_lm(family_model_dir, model_type):
+    path = family_model_dir(model_type)
+    llm = LLM(str(path), check_invariants=True)
+    prompt = [(5 * i) % 500 + 3 for i in range(3 * WINDOW + 1)]
+    out = llm.generate([prompt], greedy(30))[0]
+    assert out.token_ids == reference(path, prompt, 30)
+    assert len(set(out.token_ids)) > 3  # the model says something
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_staggered_requests_match_mlx_lm_overlap_on_and_off(family_model_dir, model_type):
+    """18 requests up to 70 tokens joining at different steps, stops mid-chain, aborts in
+    flight, shared-prefix hits; pages of 4 positions, windows of 8."""
+    path = family_model_dir(model_type)
+    results = []
+    for overlap, double in ((True, True), (True, False), (False, False)):
+        llm = LLM(
+            str(path),
+            overlap=overlap,
+            kv_double_buffer=double,
+            check_invariants=True,
+            max_num_seqs=32,
+            max_num_batched_tokens=64,
+            kv_page_size=4,
+        )
+        results.append(run_staggered(llm, path, random.Random(model_type)))
+        assert (llm.engine.loop.num_chained > 0) == overlap
+        assert llm.engine.scheduler.stats.hit_tokens > 0
+    assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("budget", [4, 5])
+def test_prompt_chunks_at_page_and_window_boundaries(family_model_dir, model_type, budget):
+    path = family_model_dir(model_type)
+    llm = LLM(str(path), max_num_batched_tokens=budget, kv_page_size=4, check_invariants=True)
+    lengths = (1, WINDOW - 1, WINDOW, WINDOW + 1, 2 * WINDOW + 1, 4 * budget + 1, 37)
+    prompts = [[7 + (3 * i) % 400 for i in range(n)] for n in lengths]
+    outs = llm.generate(prompts, greedy(12))
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, 12), len(p)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prefix_hits_inside_a_window_match_cold_runs(family_model_dir, model_type, overlap):
+    """A finished turn's pages adopted by the next turn, and concurrent requests sharing a
+    running request's pages, with hits ending mid-window (page 4, window 8)."""
+    path = family_model_dir(model_type)
+    rng = random.Random(7)
+    base = [rng.randrange(3, 400) for _ in range(3 * WINDOW + 3)]
+    kw = dict(overlap=overlap, max_num_batched_tokens=16, kv_page_size=4)
+    warm = LLM(str(path), check_invariants=True, **kw)
+    cold = LLM(str(path), prefix_cache=False, **kw)
+    turn1 = base + [5, 6]
+    out1 = warm.generate([turn1], greedy(15))[0]
+    turn2 = turn1 + out1.token_ids + [9, 10, 11]
+    fan = [base[: rng.randint(9, len(base))] + [rng.randrange(3, 400)] for _ in range(5)]
+    prompts = [turn2, *fan]
+    params = [greedy(rng.randint(5, 20)) for _ in prompts]
+    got = warm.generate(prompts, params)
+    want = cold.generate(prompts, params)
+    for p, sp, g, w in zip(prompts, params, got, want, strict=True):
+        assert g.token_ids == w.token_ids == reference(path, p, sp.max_tokens)
+    assert warm.engine.scheduler.stats.hit_tokens >= len(turn1) - 1
+
+
+def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from tandem.runner.model_runner import ModelRunner
+
+    class Hybrid(nn.Module):
+        def __init__(self, second):
+            super().__init__()
+            self.layers = [nn.Linear(2, 2), nn.Linear(2, 2)]
+            self.second = second
+
+        def __call__(self, x, cache=None):
+            return mx.zeros((*x.shape, 8))
+
+        def make_cache(self):
+            return [KVCache(), self.second()]
+
+    with pytest.raises(ValueError, match="'hybrid': layer 1 needs cache kind ArraysCache"):
+        ModelRunner(Hybrid(lambda: ArraysCache(2)), model_type="hybrid")
+    with pytest.raises(ValueError, match="layer 1 needs cache kind RotatingKVCache with keep=4"):
+        ModelRunner(Hybrid(lambda: RotatingKVCache(16, keep=4)), model_type="hybrid")
+    # Accepted kinds, but the layers never store anything: refused by the probe.
+    with pytest.raises(ValueError, match="layer 0 stores nothing in its cache"):
+        ModelRunner(Hybrid(KVCache), model_type="hybrid")
