@@ -53,16 +53,25 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
     per_token = runner.bytes_per_token
+    state_slots = config.max_num_seqs if runner.recurrent else 0
+    # More than every sequence at full length (twice, with the prefix cache) is unused.
+    seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
     if config.kv_budget_tokens:
         budget = config.kv_budget_tokens
+    elif per_token == 0:  # only recurrent layers: pages only count positions
+        budget = seqs * max_model_len
     else:
-        budget = int(kv_memory_bytes(config.kv_memory_fraction) // per_token)
-        # More than every sequence at full length (twice, with the prefix cache) is unused.
-        seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
-        budget = min(budget, seqs * max_model_len)
+        memory = kv_memory_bytes(config.kv_memory_fraction)
+        memory -= state_slots * runner.state_bytes_per_seq  # the recurrent states first
+        if memory < per_token * max_model_len:
+            raise ValueError(
+                f"{state_slots} recurrent states of {runner.state_bytes_per_seq} bytes leave "
+                "no memory for KV: lower --max-num-seqs"
+            )
+        budget = min(int(memory // per_token), seqs * max_model_len)
     page = config.kv_page_size
     num_pages = max(1, budget // page)
-    runner.allocate_kv(num_pages, page)
+    runner.allocate_kv(num_pages, page, state_slots)
     log.info(
         "KV pool %d pages of %d tokens (%.1f MiB, %d B/token); max_model_len %d",
         num_pages,
@@ -85,7 +94,9 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
         kv_budget_tokens=num_pages * page,
         page_size=page,
-        prefix_cache=config.prefix_cache,
+        # A recurrent state cannot be rewound to a shared prefix's end: no hits yet.
+        prefix_cache=config.prefix_cache and not runner.recurrent,
+        state_slots=config.max_num_seqs if runner.recurrent else 0,
     )
     engine = Engine(
         runner,

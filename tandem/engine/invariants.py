@@ -34,6 +34,10 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
     for p, r in enumerate(alloc.refs):
         assert r == expected.get(p, 0), f"page {p}: {r} references, {expected.get(p, 0)} holders"
 
+    if sched.state_slots is not None:
+        sched.state_slots.check([r.state_slot for r in sched.running.values()])
+        assert all(r.state_slot == -1 for r in sched.waiting), "a waiting request holds state"
+
     waiting_ids = [r.request_id for r in sched.waiting]
     assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"
     assert not set(waiting_ids) & sched.running.keys(), "a request is in two states"

@@ -28,6 +28,8 @@ class Segment:
     # logits belong to the output, not the prompt).
     logprobs: int = -1
     next_tokens: tuple[int, ...] = ()
+    # The request's recurrent-state slot (models with recurrent layers; -1: none).
+    state_slot: int = -1
 
     @property
     def end(self) -> int:

@@ -30,6 +30,7 @@ class Request:
     # Prefix-cache pages this request keeps alive without listing them (see
     # PrefixCache.insert): released with its pages.
     locked_pages: set[int] = field(default_factory=set)
+    state_slot: int = -1  # recurrent-state slot while running (models with recurrent layers)
     # Positions whose KV has been (or is being, in a launched step) written.
     num_computed: int = 0
     # Launched steps that reference this request and are not finalized yet, and those of

@@ -20,6 +20,7 @@ from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
+from tandem.engine.state_slots import StateSlots
 from tandem.outputs import EngineOutput
 
 DEFAULT_PAGE_SIZE = 16
@@ -38,6 +39,8 @@ class SchedulerConfig:
     kv_budget_tokens: int = 1 << 16
     page_size: int = DEFAULT_PAGE_SIZE
     prefix_cache: bool = True
+    # Recurrent-state slots (models with recurrent layers: max_num_seqs; 0: none).
+    state_slots: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -67,6 +70,7 @@ class Scheduler:
         self._admitted = 0
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts, errors)
         self._waiting_ids: set[str] = set()
+        self.state_slots = StateSlots(config.state_slots) if config.state_slots else None
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -157,6 +161,8 @@ class Scheduler:
             self._waiting_ids.discard(req.request_id)
             self._admitted += 1
             req.admit_order = self._admitted
+            if self.state_slots is not None:
+                req.state_slot = self.state_slots.allocate()
             self.running[req.request_id] = req
         budget -= len(decodes)
         decodes.sort(key=lambda d: (d[1] < 0, d[1]))  # lazy ones first, in the parent's order
@@ -168,7 +174,16 @@ class Scheduler:
                 req.pages += kv.allocate(1)
             tokens = () if prow >= 0 else (req.token_ids()[pos],)
             segments.append(
-                Segment(req.request_id, pos, 1, tokens, tuple(req.pages), prow, len(sampled))
+                Segment(
+                    req.request_id,
+                    pos,
+                    1,
+                    tokens,
+                    tuple(req.pages),
+                    prow,
+                    len(sampled),
+                    state_slot=req.state_slot,
+                )
             )
             sampled.append(req)
         if self.config.prefill_chunk_while_decoding and decodes:
@@ -208,6 +223,7 @@ class Scheduler:
             sample_row=row if sample else -1,
             logprobs=k if want and k is not None else -1,
             next_tokens=tuple(tokens[start + 1 : scored_end + 1]) if want else (),
+            state_slot=req.state_slot,
         )
 
     def _launch(
@@ -270,8 +286,7 @@ class Scheduler:
         assert req.num_inflight == 0
         if cache:
             self._cache(req)
-        self.kv.release(req.pages, req.locked_pages)
-        req.pages = []
+        self._release(req)
         req.status = RequestStatus.WAITING
         req.num_computed = 0
         req.num_retractions += 1
@@ -361,9 +376,16 @@ class Scheduler:
         self.admission.blocked = False
         if cache:
             self._cache(req)
+        self._release(req)
+        del self.running[req.request_id]
+
+    def _release(self, req: Request) -> None:
         self.kv.release(req.pages, req.locked_pages)
         req.pages = []
-        del self.running[req.request_id]
+        if req.state_slot >= 0:
+            assert self.state_slots is not None
+            self.state_slots.release(req.state_slot)
+            req.state_slot = -1
 
     def _cache(self, req: Request) -> None:
         """Offer every whole page certainly written with the token the tree will claim."""

@@ -41,10 +41,16 @@ def has_seam(module: ModuleType) -> bool:
 
 
 def install(model: nn.Module) -> None:
-    """Route the model's attention through ``paged_sdpa`` where its module has the seam."""
-    module = model_module(model)
-    if has_seam(module) and getattr(module, SEAM) is not paged_sdpa:
-        module.__dict__[SEAM] = paged_sdpa
+    """Route the model's attention through ``paged_sdpa`` in every module its layers come
+    from that has the seam (a model may reuse another model's attention class)."""
+    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
+    for name in names:
+        module = sys.modules.get(name)
+        if name == "mlx_lm.models.base" or not name.startswith("mlx_lm."):
+            continue  # base defines the function itself
+        if module is not None and has_seam(module):
+            if getattr(module, SEAM) is not paged_sdpa:
+                module.__dict__[SEAM] = paged_sdpa
 
 
 def _mlx_lm_sdpa(queries, keys, values, cache, scale, mask, sinks):
@@ -62,6 +68,10 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
             queries, keys, values, scale=scale, mask=mask, sinks=sinks
         )
     view = cache.ctx.view(cache.spec.window, kernel=sinks is None)
+    if cache.ctx.sequence:  # (1, H, n, D) -> (n, H, 1, D) and back
+        flat = [x[0].transpose(1, 0, 2)[:, :, None, :] for x in (queries, keys, values)]
+        out = gather_attention(view, *flat, cache.state, scale, sinks)
+        return out[:, :, 0, :].transpose(1, 0, 2)[None]
     return gather_attention(view, queries, keys, values, cache.state, scale, sinks)
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import ArraysCache
 
 
 @dataclass(frozen=True)
@@ -57,30 +59,86 @@ class LayerSpec:
         return f"{base}, {'dense' if self.dense else 'paged'}"
 
 
-def declared_windows(model: nn.Module, model_type: str) -> list[int | None] | None:
-    """Per cache layer: None (full attention) or the sliding window; None overall when the
-    model declares no caches (one full-attention cache per layer). Raises for kinds Tandem
-    does not serve."""
+@dataclass(frozen=True)
+class Attn:
+    """A KV cache layer: full attention (window None) or a sliding window."""
+
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class State:
+    """A recurrent layer's fixed-size state (mlx-lm's ``ArraysCache`` of ``size`` arrays)."""
+
+    size: int
+
+
+# A model's caches as it declares them: one node per entry of ``make_cache()``, a tuple for
+# a composite ``CacheList`` (e.g. falcon_h1's mamba state beside its attention).
+Node = Attn | State | tuple
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Per array of a recurrent layer's cache: its per-sequence shape and dtype (None: the
+    layer never sets that entry)."""
+
+    entries: tuple[tuple[tuple[int, ...], mx.Dtype] | None, ...]
+
+    @property
+    def bytes_per_seq(self) -> int:
+        return sum(int(np.prod(e[0])) * e[1].size for e in self.entries if e is not None)
+
+
+def declared_layout(model: nn.Module, model_type: str) -> list[Node] | None:
+    """The model's cache nodes from its own ``make_cache()``; None when it declares none
+    (one full-attention cache per layer). Raises for kinds Tandem does not serve."""
     make_cache = getattr(model, "make_cache", None)
     if make_cache is None:
         return None
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+    return [_node(c, str(i), model_type) for i, c in enumerate(make_cache())]
 
-    windows: list[int | None] = []
-    for i, c in enumerate(make_cache()):
-        kind = type(c).__name__
-        if type(c) is KVCache:
-            windows.append(None)
-        elif type(c) is RotatingKVCache and not c.keep:
-            windows.append(int(c.max_size))
-        else:
-            if type(c) is RotatingKVCache:
-                kind += f" with keep={c.keep}"
-            raise ValueError(
-                f"model type {model_type!r}: layer {i} needs cache kind {kind}, which Tandem "
-                "does not serve yet (it serves KVCache and RotatingKVCache layers)"
-            )
-    return windows
+
+def _node(c, where: str, model_type: str) -> Node:
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+
+    kind = type(c).__name__
+    if type(c) is KVCache:
+        return Attn()
+    if type(c) is RotatingKVCache and not c.keep:
+        return Attn(int(c.max_size))
+    if type(c) is ArraysCache:
+        return State(len(c.cache))
+    if type(c) is CacheList:
+        return tuple(_node(sub, f"{where}.{j}", model_type) for j, sub in enumerate(c.caches))
+    if type(c) is RotatingKVCache:
+        kind += f" with keep={c.keep}"
+    raise ValueError(
+        f"model type {model_type!r}: layer {where} needs cache kind {kind}, which Tandem "
+        "does not serve yet (it serves KVCache, RotatingKVCache, ArraysCache and CacheList "
+        "layers)"
+    )
+
+
+def build_caches(layout: list[Node], attn, state) -> tuple[list, list, list]:
+    """Cache objects in the model's structure: ``attn(i, node)`` for the i-th attention node,
+    ``state(j, node)`` for the j-th state node (CacheLists around composites). Returns
+    (the model's cache list, attention objects, state objects) in index order."""
+    from mlx_lm.models.cache import CacheList
+
+    attns: list = []
+    states: list = []
+
+    def make(node: Node):
+        if isinstance(node, tuple):
+            return CacheList(*(make(n) for n in node))
+        if isinstance(node, State):
+            states.append(state(len(states), node))
+            return states[-1]
+        attns.append(attn(len(attns), node))
+        return attns[-1]
+
+    return [make(n) for n in layout], attns, states
 
 
 class ProbeCache:
@@ -104,26 +162,44 @@ class ProbeCache:
         self.seam_ok = ok if self.seam_ok is None else (self.seam_ok and ok)
 
 
+class ProbeState(ArraysCache):
+    """Records the arrays a recurrent layer keeps (an ``ArraysCache``, as model code checks)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+
+
 def probe_layers(
-    model: nn.Module, model_type: str, windows: list[int | None] | None
-) -> tuple[list[LayerSpec], int]:
-    """Each cache layer's spec and the vocabulary size, from one token through the model
-    (the seam must be installed: it reports to ``ProbeCache.at_seam``)."""
-    n = len(windows) if windows is not None else len(model.layers)
-    caches = [ProbeCache() for _ in range(n)]
+    model: nn.Module, model_type: str, layout: list[Node] | None
+) -> tuple[list[Node], list[LayerSpec], list[StateSpec], int]:
+    """The layout, each attention layer's spec, each state layer's spec and the vocabulary
+    size, from one token through the model (the seam must be installed: it reports to
+    ``ProbeCache.at_seam``)."""
+    if layout is None:
+        layout = [Attn() for _ in model.layers]
+    caches, attns, states = build_caches(
+        layout, lambda i, n: ProbeCache(), lambda j, n: ProbeState(n.size)
+    )
     logits = model(mx.array([[0]]), cache=caches)
+    state_specs = []
+    for j, c in enumerate(states):
+        entries = tuple(None if a is None else (tuple(a.shape[1:]), a.dtype) for a in c.cache)
+        if all(e is None for e in entries):
+            raise ValueError(f"model type {model_type!r}: state layer {j} keeps no state")
+        state_specs.append(StateSpec(entries))
+    windows = [n.window for n in _flat(layout) if isinstance(n, Attn)]
     specs = []
-    for i, c in enumerate(caches):
+    for i, c in enumerate(attns):
         if c.stored is None:
             raise ValueError(
-                f"model type {model_type!r}: layer {i} stores nothing in its cache "
+                f"model type {model_type!r}: attention layer {i} stores nothing in its cache "
                 "(shared or skipped KV), which Tandem does not serve yet"
             )
         k, v = c.stored
         if k.ndim != 4 or v.ndim != 4 or k.shape[2] != 1 or v.shape[2] != 1:
             raise ValueError(
-                f"model type {model_type!r}: layer {i} caches arrays shaped {k.shape} and "
-                f"{v.shape}, not (batch, heads, tokens, dim)"
+                f"model type {model_type!r}: attention layer {i} caches arrays shaped "
+                f"{k.shape} and {v.shape}, not (batch, heads, tokens, dim)"
             )
         same = k.shape == v.shape and k.dtype == v.dtype
         specs.append(
@@ -133,8 +209,15 @@ def probe_layers(
                 v_heads=v.shape[1],
                 v_dim=v.shape[3],
                 dtype=k.dtype,
-                window=windows[i] if windows is not None else None,
+                window=windows[i],
                 dense=not (same and c.seam_ok),
             )
         )
-    return specs, int(logits.shape[-1])
+    return layout, specs, state_specs, int(logits.shape[-1])
+
+
+def _flat(layout: list[Node]) -> list[Node]:
+    out: list[Node] = []
+    for n in layout:
+        out.extend(_flat(list(n)) if isinstance(n, tuple) else [n])
+    return out

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
@@ -22,6 +23,7 @@ from tandem.runner.sampler import (
     sample,
     token_logprobs,
 )
+from tandem.runner.state import StatePool, StepState
 from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
@@ -51,9 +53,9 @@ def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
     ]
 
 
-def check_supported(model: nn.Module, model_type: str) -> list[int | None] | None:
-    """The model's declared layer windows; raises for cache kinds Tandem does not serve."""
-    return layers.declared_windows(model, model_type)
+def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | None:
+    """The model's declared cache layout; raises for cache kinds Tandem does not serve."""
+    return layers.declared_layout(model, model_type)
 
 
 class _SelectRows(nn.Module):
@@ -74,13 +76,18 @@ class _SelectRows(nn.Module):
                 raise
             return getattr(self.inner, name)
 
-    def select(self, rows: mx.array | None) -> None:
+    def select(self, rows: mx.array | None, *, sequence: bool = False) -> None:
+        """Keep only token ``rows``: of (T, 1, D) rows, or of a (1, n, D) sequence
+        (returned as (k, 1, D) either way)."""
         object.__setattr__(self, "_rows", rows)
+        object.__setattr__(self, "_sequence", sequence)
 
     def __call__(self, *args, **kwargs):
         h = self.inner(*args, **kwargs)
         rows = self.__dict__.get("_rows")
-        return h if rows is None else h[rows]
+        if rows is None:
+            return h
+        return h[0][rows][:, None] if self.__dict__.get("_sequence") else h[rows]
 
 
 def _install_row_selection(model: nn.Module) -> _SelectRows | None:
@@ -119,16 +126,22 @@ class ModelRunner:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
         overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set."""
-        windows = check_supported(model, model_type)
+        layout = check_supported(model, model_type)
         self.model = model
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
         with mx.stream(self.stream):
-            self.specs, self.vocab_size = layers.probe_layers(model, model_type, windows)
+            self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
+                model, model_type, layout
+            )
             self.selector = _install_row_selection(model)
         self.mask_rank = 4
+        self.state_pool: StatePool | None = None
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
+        # A recurrent model's step is several model calls writing the pool in turn; the
+        # double buffer's replay assumes one write per layer and step.
+        double_buffer = double_buffer and not self.state_specs
         # The device's paged decode kernel where it exists and agrees with the gather path
         # (the CPU backend always gathers). None: decided when the pool is allocated.
         self.decode_kernel = decode_kernel
@@ -155,10 +168,22 @@ class ModelRunner:
         """Whether some layer attends over gathered per-token history (``runner.layers``)."""
         return any(s.dense for s in self.specs)
 
-    def allocate_kv(self, num_pages: int, page_size: int) -> None:
-        """Create the pool once, before serving: its size never changes."""
+    @property
+    def state_bytes_per_seq(self) -> int:
+        return sum(s.bytes_per_seq for s in self.state_specs)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a recurrent state (``runner.state``)."""
+        return bool(self.state_specs)
+
+    def allocate_kv(self, num_pages: int, page_size: int, state_slots: int = 0) -> None:
+        """Create the pools once, before serving: their sizes never change. ``state_slots``:
+        recurrent states for that many sequences (the scheduler's ``max_num_seqs``)."""
         with mx.stream(self.stream):
             self.pool = PagePool(self.specs, num_pages, page_size, double_buffer=self.double_buffer)
+            if self.state_specs:
+                self.state_pool = StatePool(self.state_specs, max(1, state_slots))
             if self.decode_kernel is not False:
                 full = {(s.k_dim, s.k_heads, s.dtype) for s in self.specs if not s.dense}
                 heads = self.num_heads
@@ -184,9 +209,13 @@ class ModelRunner:
         inputs = mx.ones((n, 1), dtype=mx.int32)
         error: Exception | None = None
         for rank in (4, 5):
-            ctx = StepContext(plan, pool.page_size)
+            ctx = StepContext(plan.segments, pool.page_size)
             ctx.mask_rank = rank
-            caches = [PagedCache(ctx, pool, i) for i in range(len(self.specs))]
+            caches, _, _ = layers.build_caches(
+                self.layout,
+                lambda i, n, ctx=ctx: PagedCache(ctx, pool, i),
+                lambda j, n: ArraysCache(n.size),
+            )
             try:
                 mx.eval(self.model(inputs, cache=caches))
                 return rank
@@ -199,6 +228,14 @@ class ModelRunner:
         assert self.pool is not None
         with mx.stream(self.stream):
             self.pool.reset()
+            if self.state_pool is not None:
+                self.state_pool.reset()
+
+    def _buffers(self) -> list[mx.array]:
+        """Every pool buffer a step writes: evaluated with the step's outputs."""
+        assert self.pool is not None
+        extra = self.state_pool.arrays() if self.state_pool is not None else []
+        return self.pool.arrays() + extra
 
     def launch(
         self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None
@@ -206,9 +243,6 @@ class ModelRunner:
         pool = self.pool
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
-            ctx = StepContext(plan, pool.page_size, kernel=bool(self.decode_kernel))
-            ctx.mask_rank = self.mask_rank
-            pool.begin_step(ctx.host_write_slots, ctx.write_slots)
             inputs = self._inputs(plan, parent)
             sample_idx, prompt_rows = [], []
             t = 0
@@ -222,16 +256,12 @@ class ModelRunner:
             head = sample_idx + [
                 t0 + i for seg, t0 in prompt_rows for i in range(len(seg.next_tokens))
             ]
-            caches = [PagedCache(ctx, pool, i) for i in range(len(self.specs))]
-            head_rows = mx.array(head, dtype=mx.int32)
-            if self.selector is not None:
-                self.selector.select(head_rows)
-                try:
-                    logits = self.model(inputs[:, None], cache=caches)[:, 0, :]
-                finally:
-                    self.selector.select(None)
+            if self.state_pool is None:
+                ctx = self._context(plan.segments)
+                pool.begin_step(ctx.host_write_slots, ctx.write_slots)
+                logits = self._call(ctx, inputs[:, None], head)
             else:
-                logits = self.model(inputs[:, None], cache=caches)[head_rows, 0, :]
+                logits = self._forward_pieces(plan, inputs, head)
             prompt_lps = []
             off = len(sample_idx)
             for seg, _ in prompt_rows:
@@ -257,12 +287,92 @@ class ModelRunner:
             if plan.sampling.constrained and masks is None:
                 # Keep the device busy with the forward; the sampling follows the masks.
                 handle.pending = (sampled, sampling, positions)
-                mx.async_eval(sampled, *extra, *pool.arrays())
+                mx.async_eval(sampled, *extra, *self._buffers())
                 return handle
             mx.async_eval(
-                *self._sample(handle, sampled, sampling, positions, masks), *extra, *pool.arrays()
+                *self._sample(handle, sampled, sampling, positions, masks), *extra, *self._buffers()
             )
         return handle
+
+    def _context(self, segments, *, sequence: bool = False) -> StepContext:
+        assert self.pool is not None
+        ctx = StepContext(
+            segments, self.pool.page_size, kernel=bool(self.decode_kernel), sequence=sequence
+        )
+        ctx.mask_rank = self.mask_rank
+        return ctx
+
+    def _call(
+        self, ctx: StepContext, inputs: mx.array, rows: list[int], states: list | None = None
+    ) -> mx.array:
+        """The model on ``inputs`` ((T, 1) rows, or (1, n) in the sequence layout); the
+        logits of token ``rows`` (in that order), (len(rows), vocab). ``states``: the step's
+        recurrent caches for this call, written back after it."""
+        assert self.pool is not None
+        pool = self.pool
+
+        def attn(i, node):
+            return PagedCache(ctx, pool, i)
+
+        def state(j, node):
+            assert states is not None
+            return states[j]
+
+        caches, _, _ = layers.build_caches(self.layout, attn, state)
+        head_rows = mx.array(rows, dtype=mx.int32)
+        if self.selector is not None:
+            self.selector.select(head_rows, sequence=ctx.sequence)
+            try:
+                logits = self.model(inputs, cache=caches)[:, 0, :]
+            finally:
+                self.selector.select(None)
+        elif ctx.sequence:
+            logits = self.model(inputs, cache=caches)[0, head_rows, :]
+        else:
+            logits = self.model(inputs, cache=caches)[head_rows, 0, :]
+        for c in states or ():
+            c.write_back()
+        return logits
+
+    def _forward_pieces(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
+        """A model with recurrent layers: one call on the step's single-token segments (each
+        row its request's state) and one per prefill chunk as a (1, n) sequence, so the
+        recurrence runs along the chunk; the head rows' logits back in ``head`` order."""
+        sp = self.state_pool
+        assert sp is not None
+        starts, t = [], 0
+        for seg in plan.segments:
+            starts.append(t)
+            t += seg.num_tokens
+        where = {h: i for i, h in enumerate(head)}
+        outs: list[mx.array] = []
+        order: list[int] = []  # head index of each output row, in output order
+        singles = [i for i, seg in enumerate(plan.segments) if seg.num_tokens == 1]
+        if singles:
+            segs = [plan.segments[i] for i in singles]
+            tok = [starts[i] for i in singles]
+            slots = mx.array([seg.state_slot for seg in segs], dtype=mx.int32)
+            fresh = [seg.start == 0 for seg in segs]
+            fresh_mask = mx.array(fresh) if any(fresh) else None
+            states = [StepState(sp, j, slots, fresh=fresh_mask) for j in range(len(sp.specs))]
+            rows = [k for k, t0 in enumerate(tok) if t0 in where]
+            order += [where[tok[k]] for k in rows]
+            x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
+            outs.append(self._call(self._context(segs), x[:, None], rows, states))
+        for i, seg in enumerate(plan.segments):
+            if seg.num_tokens == 1:
+                continue
+            t0 = starts[i]
+            rows = [k for k in range(seg.num_tokens) if t0 + k in where]
+            order += [where[t0 + k] for k in rows]
+            slot = mx.array([seg.state_slot], dtype=mx.int32)
+            states = [StepState(sp, j, slot, read=seg.start > 0) for j in range(len(sp.specs))]
+            x = inputs[t0 : t0 + seg.num_tokens][None]
+            outs.append(self._call(self._context([seg], sequence=True), x, rows, states))
+        logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+        if order != list(range(len(order))):
+            logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]
+        return logits
 
     def _inputs(self, plan: StepPlan, parent: Handle | None) -> mx.array:
         """(T,) input tokens: the lazy segments (first in the plan) take the parent's sampled

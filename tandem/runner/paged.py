@@ -131,12 +131,19 @@ class PagedCache:
         self.spec = pool.specs[layer]
 
     @property
-    def offset(self) -> mx.array:
+    def offset(self) -> mx.array | int:
+        if self.ctx.sequence:
+            return self.ctx.segments[0].start
         return self.ctx.positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        # keys: (T, kv_heads, 1, D) — one token per batch entry.
-        self.pool.write(self.layer, self.ctx.write_slots, keys[:, :, 0, :], values[:, :, 0, :])
+        # keys: (T, kv_heads, 1, D) — one token per batch entry — or (1, kv_heads, n, D) in
+        # the sequence layout.
+        if self.ctx.sequence:
+            k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)
+        else:
+            k, v = keys[:, :, 0, :], values[:, :, 0, :]
+        self.pool.write(self.layer, self.ctx.write_slots, k, v)
         if not self.spec.dense:
             return keys, values
         s = self.spec
@@ -152,7 +159,7 @@ class PagedCache:
         """None for paged layers (each knows its window); for a model with dense layers, the
         real positions of each token's gathered history (the window asked for, else this
         layer's): the model hands it to the layers that share it."""
-        assert n == 1, "a paged step feeds one token per batch entry"
+        assert n == 1 or self.ctx.sequence, "a paged step feeds one token per batch entry"
         if not any(s.dense for s in self.pool.specs):
             return None
         return self.ctx.dense(window_size or self.spec.window).mask

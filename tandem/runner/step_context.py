@@ -6,7 +6,9 @@ by the decode kernel); a multi-token segment (a prefill chunk) gathers its own p
 starting at 0, attends to its fresh keys. A sliding-window layer reads only the last W
 positions of each segment, so its cost is bounded by the window; the per-window layouts are
 built on first use and shared by every layer of that window. A dense layer (``layers``) gets
-each token's own history, gathered and padded, with the mask of its real positions.
+each token's own history, gathered and padded, with the mask of its real positions. A model
+with recurrent layers is called once on its decodes and once per prefill chunk, the chunk as
+one (1, n) sequence (``sequence``), so its recurrence runs along the chunk.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from tandem.engine.plan import StepPlan
+from tandem.engine.plan import Segment
 from tandem.runner import kernels
 
 MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
@@ -109,7 +111,8 @@ class AttnView:
 
 @dataclass
 class DenseView:
-    """Per token, its own history: ``slots`` (T, L) into the pool, ``mask`` of real ones."""
+    """Per token, its own history: ``slots`` (T, L) into the pool, ``mask`` of real ones
+    (in the sequence layout: the chunk's keys, ``slots`` (1, L), and its (n, L) mask)."""
 
     slots: mx.array
     mask: mx.array
@@ -125,13 +128,24 @@ class StepContext:
     ``kernel``: full-attention decodes go to the paged decode kernel (one group, any
     lengths); otherwise they are grouped by length for the gather path."""
 
-    def __init__(self, plan: StepPlan, page_size: int, *, kernel: bool = False) -> None:
+    def __init__(
+        self,
+        segments: tuple[Segment, ...] | list[Segment],
+        page_size: int,
+        *,
+        kernel: bool = False,
+        sequence: bool = False,
+    ) -> None:
         self.kernel = kernel
         self.page_size = p = page_size
-        self.segments = plan.segments
+        self.segments = tuple(segments)
+        # ``sequence``: the model is called on one segment as a (1, n) sequence (recurrent
+        # models' prefill chunks), not on (T, 1) single-token rows.
+        self.sequence = sequence
+        assert not sequence or len(self.segments) == 1
         positions: list[int] = []
         write_slots: list[int] = []
-        for seg in plan.segments:
+        for seg in self.segments:
             positions.extend(range(seg.start, seg.end))
             write_slots.extend(_slots(seg.pages, seg.start, seg.end, p).tolist())
         self.num_tokens = len(positions)
@@ -214,6 +228,15 @@ class StepContext:
     def dense(self, window: int | None) -> DenseView:
         """Per token: the pool slots of positions [lo, pos] of its own request (lo: 0, or
         the window's first), padded to the longest; the mask marks the real ones."""
+        if window not in self._dense and self.sequence:
+            # One (1, n) chunk: its request's keys [lo, end), causal (and windowed) mask.
+            seg = self.segments[0]
+            lo = 0 if window is None else max(0, seg.start - window + 1)
+            q = np.arange(seg.start, seg.end)[:, None]
+            k = np.arange(lo, seg.end)[None]
+            mask = (k <= q) & (True if window is None else (k > q - window))
+            slots = _slots(seg.pages, lo, seg.end, self.page_size)[None]
+            self._dense[window] = DenseView(mx.array(slots), mx.array(mask))
         if window not in self._dense:
             p = self.page_size
             rows, counts = [], []

@@ -3,8 +3,9 @@
 Each entry is a real mlx-lm ``model_type`` with a config small enough for CPU tests but with
 every layer kind of the family present: sliding-window and global layers (gemma3_text,
 cohere2, gpt_oss with attention sinks), models that compute attention themselves (gemma2's
-logit soft-capping) and MLA latent caches (deepseek_v3). Windows are 8 positions, so test
-prompts run far past them.
+logit soft-capping), MLA latent caches (deepseek_v3), and recurrent state: Gated DeltaNet
+beside attention (qwen3_next), Mamba-2 alone (mamba2) and beside attention in one layer
+(falcon_h1). Windows are 8 positions, so test prompts run far past them.
 """
 
 from __future__ import annotations
@@ -73,7 +74,49 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "routed_scaling_factor": 1.0,
         "rope_scaling": None,
     },
+    "qwen3_next": {
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "partial_rotary_factor": 0.5,
+        "full_attention_interval": 2,
+    },
+    "mamba2": {
+        "num_heads": 8,
+        "head_dim": 16,
+        "state_size": 16,
+        "layer_norm_epsilon": 1e-6,
+        "conv_kernel": 4,
+        "n_groups": 1,
+        "use_bias": False,
+        "use_conv_bias": False,
+        "time_step_limit": [0.0, float("inf")],
+        "time_step_rank": 8,
+        "ssm_state_size": 16,
+    },
+    "falcon_h1": {
+        "embedding_multiplier": 1.0,
+        "mamba_chunk_size": 16,
+        "mamba_d_conv": 4,
+        "mamba_d_head": 32,
+        "mamba_d_ssm": 128,
+        "mamba_d_state": 16,
+        "mamba_expand": 2,
+        "mamba_n_groups": 1,
+        "mamba_n_heads": 4,
+    },
 }
+
+# Families with recurrent layers (per-request state slots).
+RECURRENT = ("falcon_h1", "mamba2", "qwen3_next")
 
 
 def family_config(model_type: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import importlib
 import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,9 @@ _HF_CLASSES = {
 }
 _DEFAULT_TIE = {"llama": False, "qwen2": True, "qwen3": True, "qwen3_moe": False}
 _SHARD_BYTES = 2 << 30
+
+# (name, shape) -> the std of a uniform init, None for ones, or the array itself.
+Init = Callable[[str, tuple[int, ...]], "float | mx.array | None"]
 
 CORPUS = """\
 The morning train left the station at seven, and the small town slowly woke behind it.
@@ -253,13 +257,16 @@ def _init_std(name: str, shape: tuple[int, ...], tied: bool) -> float | None:
     return 1.0 / math.sqrt(shape[-1])
 
 
-def _write_weights(path: Path, config: dict[str, Any], seed: int, dtype: mx.Dtype) -> None:
+def _write_weights(
+    path: Path, config: dict[str, Any], seed: int, dtype: mx.Dtype, init: Init | None = None
+) -> None:
     arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     # mlx is lazy: the Model's own init arrays are never evaluated, only their shapes read.
     model = arch.Model(arch.ModelArgs.from_dict(config))
     params = [(k, tuple(v.shape)) for k, v in tree_flatten(model.parameters())]
     del model
-    tied = bool(config["tie_word_embeddings"])
+    if init is None:
+        init = functools.partial(_init_std, tied=bool(config["tie_word_embeddings"]))
     keys = mx.random.split(mx.random.key(seed), len(params))
 
     shards: list[list[int]] = [[]]
@@ -280,8 +287,10 @@ def _write_weights(path: Path, config: dict[str, Any], seed: int, dtype: mx.Dtyp
         tensors: dict[str, mx.array] = {}
         for i in idx:
             name, shape = params[i]
-            std = _init_std(name, shape, tied)
-            if std is None:
+            std = init(name, shape)
+            if isinstance(std, mx.array):
+                w = std.astype(dtype)
+            elif std is None:
                 w = mx.ones(shape, dtype=dtype)
             else:
                 a = std * math.sqrt(3.0)  # uniform: 3x faster than normal on CPU
@@ -305,6 +314,7 @@ def _write_model(
     tokenizer_vocab: int,
     extra_special: tuple[str, ...] = (),
     chat_template: str = CHAT_TEMPLATE,
+    init: Init | None = None,
 ) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -315,7 +325,7 @@ def _write_model(
     config = {**config, "torch_dtype": dtype, "bos_token_id": None, "eos_token_id": eos}
     _dump(path / "config.json", config)
     _dump(path / "generation_config.json", {"bos_token_id": None, "eos_token_id": eos})
-    _write_weights(path, config, seed, getattr(mx, dtype))
+    _write_weights(path, config, seed, getattr(mx, dtype), init)
     return path
 
 

@@ -1,5 +1,6 @@
-"""Sliding-window, attention-sink, soft-capped and MLA models: token-exact with mlx-lm's
-generate_step however requests are scheduled (windows of 8 positions, prompts far longer)."""
+"""Sliding-window, attention-sink, soft-capped, MLA and recurrent models: token-exact with
+mlx-lm's generate_step however requests are scheduled (windows of 8 positions, prompts far
+longer; recurrent states in per-request slots, chunks of a few tokens)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import pytest
 
 from tandem import LLM
-from tandem.testing.families import FAMILIES, WINDOW
+from tandem.testing.families import FAMILIES, RECURRENT, WINDOW
 from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
 
 TYPES = sorted(FAMILIES)
@@ -27,6 +28,14 @@ def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
     assert kinds["deepseek_v3"] == [(None, True)] * 4
     latent = LLM(str(family_model_dir("deepseek_v3"))).engine.loop.runner.specs[0]
     assert (latent.k_heads, latent.k_dim, latent.v_heads, latent.v_dim) == (1, 32, 1, 8)
+    # Recurrent: Gated DeltaNet layers between attention layers, Mamba-2 only, and a Mamba-2
+    # state beside attention in every layer (a CacheList).
+    from tandem.runner.layers import Attn, State
+
+    layouts = {t: LLM(str(family_model_dir(t))).engine.loop.runner.layout for t in RECURRENT}
+    assert layouts["qwen3_next"] == [State(2), Attn(), State(2), Attn()]
+    assert layouts["mamba2"] == [State(2)] * 4
+    assert layouts["falcon_h1"] == [(State(2), Attn())] * 4
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -57,8 +66,23 @@ def test_staggered_requests_match_mlx_lm_overlap_on_and_off(family_model_dir, mo
         )
         results.append(run_staggered(llm, path, random.Random(model_type)))
         assert (llm.engine.loop.num_chained > 0) == overlap
-        assert llm.engine.scheduler.stats.hit_tokens > 0
+        # No prefix hits on recurrent state yet (a state cannot be rewound to a prefix).
+        hits = llm.engine.scheduler.stats.hit_tokens
+        assert (hits > 0) == (model_type not in RECURRENT)
     assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_few_sequences_force_queueing_and_slot_reuse(family_model_dir, model_type):
+    """Ten requests through three sequence slots: recurrent-state slots and pages are
+    handed from finished requests to new ones; no request sees another's state."""
+    path = family_model_dir(model_type)
+    llm = LLM(str(path), max_num_seqs=3, max_num_batched_tokens=8, check_invariants=True)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 400) for _ in range(rng.randint(1, 30))] for _ in range(10)]
+    outs = llm.generate(prompts, [greedy(rng.randint(1, 15)) for _ in prompts])
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, len(o.token_ids))
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -94,13 +118,17 @@ def test_prefix_hits_inside_a_window_match_cold_runs(family_model_dir, model_typ
     want = cold.generate(prompts, params)
     for p, sp, g, w in zip(prompts, params, got, want, strict=True):
         assert g.token_ids == w.token_ids == reference(path, p, sp.max_tokens)
-    assert warm.engine.scheduler.stats.hit_tokens >= len(turn1) - 1
+    hits = warm.engine.scheduler.stats.hit_tokens
+    if model_type in RECURRENT:
+        assert hits == 0
+    else:
+        assert hits >= len(turn1) - 1
 
 
 def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+    from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, RotatingKVCache
 
     from tandem.runner.model_runner import ModelRunner
 
@@ -116,10 +144,12 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
         def make_cache(self):
             return [KVCache(), self.second()]
 
-    with pytest.raises(ValueError, match="'hybrid': layer 1 needs cache kind ArraysCache"):
-        ModelRunner(Hybrid(lambda: ArraysCache(2)), model_type="hybrid")
+    with pytest.raises(ValueError, match="'hybrid': layer 1 needs cache kind ChunkedKVCache"):
+        ModelRunner(Hybrid(lambda: ChunkedKVCache(8)), model_type="hybrid")
     with pytest.raises(ValueError, match="layer 1 needs cache kind RotatingKVCache with keep=4"):
         ModelRunner(Hybrid(lambda: RotatingKVCache(16, keep=4)), model_type="hybrid")
     # Accepted kinds, but the layers never store anything: refused by the probe.
-    with pytest.raises(ValueError, match="layer 0 stores nothing in its cache"):
+    with pytest.raises(ValueError, match="attention layer 0 stores nothing in its cache"):
         ModelRunner(Hybrid(KVCache), model_type="hybrid")
+    with pytest.raises(ValueError, match="state layer 0 keeps no state"):
+        ModelRunner(Hybrid(lambda: ArraysCache(2)), model_type="hybrid")

@@ -1,0 +1,82 @@
+"""Recurrent state (linear attention, SSM, short convolutions) in per-request slots.
+
+A recurrent layer keeps a fixed-size state per sequence (mlx-lm's ``ArraysCache``: e.g. a
+convolution window and a gated-delta or SSM state). The pool holds, per layer and per array,
+one buffer of ``num_slots`` states, allocated once; the scheduler gives each running request
+a slot. A step gathers the states of the rows it runs, the unmodified mlx-lm layer advances
+them, and the new states are scattered back to the same slots — only for the requests in the
+step, so a request that is not in it never advances. A sequence that starts at position 0
+reads no state (mlx-lm's own zero start).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
+
+from tandem.runner.layers import StateSpec
+
+
+class StatePool:
+    def __init__(self, specs: list[StateSpec], num_slots: int) -> None:
+        self.specs = specs
+        self.num_slots = num_slots
+        self.bufs: list[list[mx.array | None]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.bufs = []
+        gc.collect()
+        mx.clear_cache()
+        for spec in self.specs:
+            layer = []
+            for e in spec.entries:
+                buf = None if e is None else mx.zeros((self.num_slots, *e[0]), dtype=e[1])
+                if buf is not None:
+                    mx.eval(buf)
+                layer.append(buf)
+            self.bufs.append(layer)
+
+    @property
+    def bytes(self) -> int:
+        return self.num_slots * sum(s.bytes_per_seq for s in self.specs)
+
+    def arrays(self) -> list[mx.array]:
+        return [b for layer in self.bufs for b in layer if b is not None]
+
+
+class StepState(ArraysCache):
+    """One recurrent layer's cache for one model call of a step: the states of its rows
+    gathered from their ``slots`` (rows where ``fresh`` start from zero; ``read`` False: the
+    call starts a sequence at 0 and reads nothing). ``write_back`` stores what the layer
+    left in the cache."""
+
+    def __init__(
+        self,
+        pool: StatePool,
+        layer: int,
+        slots: mx.array,
+        *,
+        read: bool = True,
+        fresh: mx.array | None = None,
+    ) -> None:
+        bufs = pool.bufs[layer]
+        super().__init__(len(bufs))
+        self.pool, self.layer, self.slots = pool, layer, slots
+        if read:
+            for k, buf in enumerate(bufs):
+                if buf is None:
+                    continue
+                x = buf[slots]
+                if fresh is not None:
+                    x = mx.where(fresh.reshape(-1, *([1] * (x.ndim - 1))), mx.zeros_like(x), x)
+                self.cache[k] = x
+
+    def write_back(self) -> None:
+        bufs = self.pool.bufs[self.layer]
+        for k, buf in enumerate(bufs):
+            new = self.cache[k]
+            if buf is not None and new is not None:
+                buf[self.slots] = new.astype(buf.dtype)
