@@ -48,9 +48,8 @@ def install(model: nn.Module) -> None:
         module = sys.modules.get(name)
         if name == "mlx_lm.models.base" or not name.startswith("mlx_lm."):
             continue  # base defines the function itself
-        if module is not None and has_seam(module):
-            if getattr(module, SEAM) is not paged_sdpa:
-                module.__dict__[SEAM] = paged_sdpa
+        if module is not None and has_seam(module) and getattr(module, SEAM) is not paged_sdpa:
+            module.__dict__[SEAM] = paged_sdpa
 
 
 def _mlx_lm_sdpa(queries, keys, values, cache, scale, mask, sinks):
