@@ -55,7 +55,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     per_token = runner.bytes_per_token
     state_slots = config.max_num_seqs if runner.recurrent else 0
     # More than every sequence at full length (twice, with the prefix cache) is unused.
-    seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
+    seqs = config.max_num_seqs * (2 if config.prefix_cache and not runner.recurrent else 1)
     if config.kv_budget_tokens:
         budget = config.kv_budget_tokens
     elif per_token == 0:  # only recurrent layers: pages only count positions
@@ -63,7 +63,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     else:
         memory = kv_memory_bytes(config.kv_memory_fraction)
         memory -= state_slots * runner.state_bytes_per_seq  # the recurrent states first
-        if memory < per_token * max_model_len:
+        if state_slots and memory < per_token * max_model_len:
             raise ValueError(
                 f"{state_slots} recurrent states of {runner.state_bytes_per_seq} bytes leave "
                 "no memory for KV: lower --max-num-seqs"

@@ -1,8 +1,9 @@
 """Build a Hugging Face fast tokenizer from the ``tokenizer.ggml.*`` metadata of a GGUF file.
 
-Only byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) are supported; the
+Two vocabulary kinds: byte-level BPE (``tokenizer.ggml.model == "gpt2"``), whose
 pre-tokenizer is picked from ``tokenizer.ggml.pre`` the way the original Hugging Face
-``tokenizer.json`` of those model families defines it.
+``tokenizer.json`` of those model families defines it; and SentencePiece BPE (``"llama"``:
+Gemma, Llama 2), tokenized as llama.cpp does: pieces merged by score with byte fallback.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from tandem.frontend.gguf_meta import GGUFError
 TOKEN_NORMAL = 1
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
+
+# llama.cpp's defaults for a SentencePiece ("llama") vocabulary, where the file is silent
+_SPM_DEFAULTS: dict[str, Any] = {
+    "tokenizer.ggml.bos_token_id": 1,
+    "tokenizer.ggml.eos_token_id": 2,
+    "tokenizer.ggml.unknown_token_id": 0,
+    "tokenizer.ggml.add_bos_token": True,
+    "tokenizer.ggml.add_space_prefix": True,
+}
 
 _QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -74,6 +84,8 @@ def _token_id(meta: dict[str, Any], key: str, n_tokens: int, path: str) -> int |
 
 def eos_token_ids(meta: dict[str, Any]) -> set[int]:
     """Ids that end generation: eos, eot and eom ids, plus end-of-turn control tokens."""
+    if meta.get("tokenizer.ggml.model") == "llama":
+        meta = {**_SPM_DEFAULTS, **meta}
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     types: list[int] = meta.get("tokenizer.ggml.token_type") or []
     ids = {
@@ -87,31 +99,10 @@ def eos_token_ids(meta: dict[str, Any]) -> set[int]:
     return ids
 
 
-def tokenizer_from_gguf(
-    meta: dict[str, Any], path: str | os.PathLike[str]
-) -> PreTrainedTokenizerFast:
-    """A fast tokenizer equivalent to the one the GGUF metadata ``meta`` describes.
-
-    ``path`` only names the file in error messages.
-    """
-    name = os.fspath(path)
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFError(
-            f"{name}: unsupported tokenizer model tokenizer.ggml.model={model!r} "
-            "(only 'gpt2' byte-level BPE is supported)"
-        )
-    tokens = meta.get("tokenizer.ggml.tokens")
+def _byte_level_bpe(meta: dict[str, Any], vocab: dict[str, int], name: str) -> Tokenizer:
     merges = meta.get("tokenizer.ggml.merges")
-    if not isinstance(tokens, list) or not isinstance(merges, list):
+    if not isinstance(merges, list):
         raise GGUFError(f"{name}: tokenizer.ggml.tokens / tokenizer.ggml.merges missing")
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
-    if len(types) != len(tokens):
-        raise GGUFError(f"{name}: {len(types)} token types for {len(tokens)} tokens")
-
-    vocab: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        vocab.setdefault(text, i)  # a duplicate string keeps its first id
     pairs: list[tuple[str, str]] = []
     for merge in merges:
         left, sep, right = merge.partition(" ")
@@ -125,6 +116,76 @@ def tokenizer_from_gguf(
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(
+    meta: dict[str, Any], tokens: list[str], vocab: dict[str, int], name: str
+) -> Tokenizer:
+    """llama.cpp's SentencePiece tokenizer as a BPE: it starts from characters and merges the
+    adjacent pair whose concatenation is a token of the highest score (the leftmost of
+    equals), then falls back to ``<0xXX>`` byte tokens for characters not in the vocabulary.
+    As BPE merges that is every split of a token into two tokens, ranked by its score. The
+    text gets no pre-tokenizer; spaces become "▁", with one in front of the text and after
+    each special token when ``tokenizer.ggml.add_space_prefix`` (Gemma: false)."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        raise GGUFError(f"{name}: tokenizer.ggml.scores missing or not one per token")
+    ranked: list[tuple[float, int, int, str, str]] = []
+    for text, i in vocab.items():
+        for cut in range(1, len(text)):
+            left, right = text[:cut], text[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], i, vocab[left], left, right))
+    ranked.sort(key=lambda r: r[:3])
+    unk = _token_id(meta, "unknown_token_id", len(tokens), name)
+    tok = Tokenizer(
+        models.BPE(
+            vocab,
+            [(left, right) for *_, left, right in ranked],
+            unk_token=None if unk is None else tokens[unk],
+            fuse_unk=True,
+            byte_fallback="<0x00>" in vocab,
+        )
+    )
+    prefix = bool(meta["tokenizer.ggml.add_space_prefix"])
+    escape = normalizers.Replace(" ", "▁")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), escape]) if prefix else escape
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def tokenizer_from_gguf(
+    meta: dict[str, Any], path: str | os.PathLike[str]
+) -> PreTrainedTokenizerFast:
+    """A fast tokenizer equivalent to the one the GGUF metadata ``meta`` describes.
+
+    ``path`` only names the file in error messages.
+    """
+    name = os.fspath(path)
+    model = meta.get("tokenizer.ggml.model")
+    if model not in ("gpt2", "llama"):
+        raise GGUFError(
+            f"{name}: unsupported tokenizer model tokenizer.ggml.model={model!r} "
+            "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
+        )
+    if model == "llama":
+        meta = {**_SPM_DEFAULTS, **meta}
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        raise GGUFError(f"{name}: tokenizer.ggml.tokens missing")
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise GGUFError(f"{name}: {len(types)} token types for {len(tokens)} tokens")
+
+    vocab: dict[str, int] = {}
+    for i, text in enumerate(tokens):
+        vocab.setdefault(text, i)  # a duplicate string keeps its first id
+    if model == "gpt2":
+        tok = _byte_level_bpe(meta, vocab, name)
+    else:
+        tok = _sentencepiece_bpe(meta, tokens, vocab, name)
 
     # Control tokens are special; user-defined ones are matched whole but kept on decode.
     tok.add_special_tokens(

@@ -3,9 +3,10 @@
 The kind comes from the model's own declaration, ``model.make_cache()`` (mlx-lm's cache
 objects): ``KVCache`` is full attention, ``RotatingKVCache(max_size=W)`` a sliding window of W
 positions (the token itself and the W - 1 before it, as mlx-lm's rotating cache and its
-windowed mask give). Every other cache kind (recurrent ``ArraysCache`` state, ``CacheList``,
-chunked or quantized caches) is refused at load, naming the model type, the layer and the
-kind, before anything reaches a step.
+windowed mask give), ``ArraysCache`` a recurrent state (``runner.state``), ``CacheList`` a
+composite of those. Every other cache kind (chunked, quantized or layer-shared caches) is
+refused at load, naming the model type, the layer and the kind, before anything reaches a
+step.
 
 A probe then runs one token through the model with caches that record every array each layer
 stores and what its attention does with them:
@@ -148,12 +149,15 @@ class ProbeCache:
         self.offset = 0
         self.stored: tuple[mx.array, mx.array] | None = None
         self.seam_ok: bool | None = None  # None: the seam never saw this cache
+        self.mask_windows: set[int] = set()  # windows the model asked this cache's masks for
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.stored = (keys, values)
         return keys, values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        if window_size is not None:
+            self.mask_windows.add(window_size)
         return None
 
     def at_seam(self, keys: mx.array, values: mx.array, mask) -> None:
@@ -180,10 +184,25 @@ def probe_layers(
     caches, attns, states = build_caches(
         layout, lambda i, n: ProbeCache(), lambda j, n: ProbeState(n.size)
     )
-    logits = model(mx.array([[0]]), cache=caches)
+    try:
+        logits = model(mx.array([[0]]), cache=caches)
+        first = [[None if a is None else a.dtype for a in c.cache] for c in states]
+        if states:  # a state's dtype may change once it exists (float32 SSM parameters)
+            for c in attns:
+                c.stored, c.offset = None, 1
+            model(mx.array([[1]]), cache=caches)
+    except Exception as e:  # noqa: BLE001 - it uses its caches in ways Tandem's do not serve
+        raise ValueError(
+            f"model type {model_type!r} does not run on Tandem's caches: {type(e).__name__}: {e}"
+        ) from e
     state_specs = []
     for j, c in enumerate(states):
-        entries = tuple(None if a is None else (tuple(a.shape[1:]), a.dtype) for a in c.cache)
+        entries = tuple(
+            None
+            if a is None
+            else (tuple(a.shape[1:]), a.dtype if d is None else _wider(a.dtype, d))
+            for a, d in zip(c.cache, first[j], strict=True)
+        )
         if all(e is None for e in entries):
             raise ValueError(f"model type {model_type!r}: state layer {j} keeps no state")
         state_specs.append(StateSpec(entries))
@@ -202,6 +221,13 @@ def probe_layers(
                 f"{k.shape} and {v.shape}, not (batch, heads, tokens, dim)"
             )
         same = k.shape == v.shape and k.dtype == v.dtype
+        if c.mask_windows - {windows[i]}:
+            raise ValueError(
+                f"model type {model_type!r}: attention layer {i} caches a window of "
+                f"{windows[i] or 'all'} positions but asks for masks of {sorted(c.mask_windows)} "
+                "(mlx-lm's prefill and decode see different windows), which Tandem does not "
+                "serve"
+            )
         specs.append(
             LayerSpec(
                 k_heads=k.shape[1],
@@ -214,6 +240,10 @@ def probe_layers(
             )
         )
     return layout, specs, state_specs, int(logits.shape[-1])
+
+
+def _wider(a: mx.Dtype, b: mx.Dtype) -> mx.Dtype:
+    return (mx.zeros((1,), a) + mx.zeros((1,), b)).dtype
 
 
 def _flat(layout: list[Node]) -> list[Node]:

@@ -13,8 +13,9 @@ from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
-from tandem.runner import attention, kernels, layers
+from tandem.runner import attention, kernels, layers, verify
 from tandem.runner.paged import PagedCache, PagePool
+from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
     SamplingArrays,
     advance,
@@ -58,61 +59,6 @@ def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | No
     return layers.declared_layout(model, model_type)
 
 
-class _SelectRows(nn.Module):
-    """Wraps the model body so the LM head runs only on the rows a step needs (sampled and
-    prompt-scored positions), not on every prefill token."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        object.__setattr__(self, "_rows", None)
-
-    def __getattr__(self, name: str):
-        # The outer model reaches into its body (tied embeddings: model.embed_tokens).
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "inner":
-                raise
-            return getattr(self.inner, name)
-
-    def select(self, rows: mx.array | None, *, sequence: bool = False) -> None:
-        """Keep only token ``rows``: of (T, 1, D) rows, or of a (1, n, D) sequence
-        (returned as (k, 1, D) either way)."""
-        object.__setattr__(self, "_rows", rows)
-        object.__setattr__(self, "_sequence", sequence)
-
-    def __call__(self, *args, **kwargs):
-        h = self.inner(*args, **kwargs)
-        rows = self.__dict__.get("_rows")
-        if rows is None:
-            return h
-        return h[0][rows][:, None] if self.__dict__.get("_sequence") else h[rows]
-
-
-def _install_row_selection(model: nn.Module) -> _SelectRows | None:
-    """Put ``_SelectRows`` around ``model.model`` when the model's output equals its head
-    applied to the selected rows (checked on a probe); None: full logits, rows taken after."""
-    inner = model.get("model") if isinstance(model, dict) else None
-    if not isinstance(inner, nn.Module) or not hasattr(inner, "layers"):
-        return None
-    x = mx.array([[1], [2], [3]])
-    full = model(x)
-    wrapper = _SelectRows(inner)
-    model.model = wrapper
-    rows = mx.array([2, 0])
-    wrapper.select(rows)
-    try:
-        ok = bool(mx.allclose(model(x), full[rows], atol=1e-4, rtol=1e-3))
-    except Exception:  # noqa: BLE001 - a model that does more after its body: no selection
-        ok = False
-    wrapper.select(None)
-    if not ok:
-        model.model = inner
-        return None
-    return wrapper
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -122,19 +68,22 @@ class ModelRunner:
         overlap: bool = True,
         double_buffer: bool | None = None,
         decode_kernel: bool | None = None,
+        verify_layers: bool = True,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
         overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set."""
         layout = check_supported(model, model_type)
         self.model = model
+        self.model_type = model_type
+        self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
                 model, model_type, layout
             )
-            self.selector = _install_row_selection(model)
+            self.selector = install_row_selection(model)
         self.mask_rank = 4
         self.state_pool: StatePool | None = None
         if double_buffer is None:
@@ -194,6 +143,8 @@ class ModelRunner:
                 )
             if self.dense:
                 self.mask_rank = self._dense_mask_rank()
+            if self.verify:
+                verify.against_mlx_lm(self, self.model_type)
 
     def _dense_mask_rank(self) -> int:
         """The rank of the padding mask a dense model's attention broadcasts: (T, 1, 1, L)
@@ -227,6 +178,11 @@ class ModelRunner:
         """After a failure: drop every in-flight step's arrays and recreate the pool."""
         assert self.pool is not None
         with mx.stream(self.stream):
+            # Both pools' old buffers (and the failed steps' graphs that reference them) go
+            # before either is allocated again, so the new ones fit where the old were.
+            self.pool.sets = []
+            if self.state_pool is not None:
+                self.state_pool.bufs = []
             self.pool.reset()
             if self.state_pool is not None:
                 self.state_pool.reset()
@@ -256,12 +212,7 @@ class ModelRunner:
             head = sample_idx + [
                 t0 + i for seg, t0 in prompt_rows for i in range(len(seg.next_tokens))
             ]
-            if self.state_pool is None:
-                ctx = self._context(plan.segments)
-                pool.begin_step(ctx.host_write_slots, ctx.write_slots)
-                logits = self._call(ctx, inputs[:, None], head)
-            else:
-                logits = self._forward_pieces(plan, inputs, head)
+            logits = self.forward(plan, inputs, head)
             prompt_lps = []
             off = len(sample_idx)
             for seg, _ in prompt_rows:
@@ -293,6 +244,15 @@ class ModelRunner:
                 *self._sample(handle, sampled, sampling, positions, masks), *extra, *self._buffers()
             )
         return handle
+
+    def forward(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
+        """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
+        assert self.pool is not None
+        if self.state_pool is None:
+            ctx = self._context(plan.segments)
+            self.pool.begin_step(ctx.host_write_slots, ctx.write_slots)
+            return self._call(ctx, inputs[:, None], head)
+        return self._forward_pieces(plan, inputs, head)
 
     def _context(self, segments, *, sequence: bool = False) -> StepContext:
         assert self.pool is not None
@@ -336,8 +296,9 @@ class ModelRunner:
 
     def _forward_pieces(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """A model with recurrent layers: one call on the step's single-token segments (each
-        row its request's state) and one per prefill chunk as a (1, n) sequence, so the
-        recurrence runs along the chunk; the head rows' logits back in ``head`` order."""
+        row its request's state; one more for those starting at 0) and one per prefill chunk
+        as a (1, n) sequence, so the recurrence runs along the chunk; the head rows' logits
+        back in ``head`` order."""
         sp = self.state_pool
         assert sp is not None
         starts, t = [], 0
@@ -347,14 +308,21 @@ class ModelRunner:
         where = {h: i for i, h in enumerate(head)}
         outs: list[mx.array] = []
         order: list[int] = []  # head index of each output row, in output order
-        singles = [i for i, seg in enumerate(plan.segments) if seg.num_tokens == 1]
-        if singles:
+        # Single-token segments in one call; those that start a sequence in another that
+        # reads no state (a model may treat an empty cache unlike a zero state).
+        for fresh in (False, True):
+            singles = [
+                i
+                for i, seg in enumerate(plan.segments)
+                if seg.num_tokens == 1 and (seg.start == 0) == fresh
+            ]
+            if not singles:
+                continue
             segs = [plan.segments[i] for i in singles]
             tok = [starts[i] for i in singles]
+            assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
             slots = mx.array([seg.state_slot for seg in segs], dtype=mx.int32)
-            fresh = [seg.start == 0 for seg in segs]
-            fresh_mask = mx.array(fresh) if any(fresh) else None
-            states = [StepState(sp, j, slots, fresh=fresh_mask) for j in range(len(sp.specs))]
+            states = [StepState(sp, j, slots, read=not fresh) for j in range(len(sp.specs))]
             rows = [k for k, t0 in enumerate(tok) if t0 in where]
             order += [where[tok[k]] for k in rows]
             x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
@@ -365,6 +333,7 @@ class ModelRunner:
             t0 = starts[i]
             rows = [k for k in range(seg.num_tokens) if t0 + k in where]
             order += [where[t0 + k] for k in rows]
+            assert seg.state_slot >= 0, "a recurrent row without a slot"
             slot = mx.array([seg.state_slot], dtype=mx.int32)
             states = [StepState(sp, j, slot, read=seg.start > 0) for j in range(len(sp.specs))]
             x = inputs[t0 : t0 + seg.num_tokens][None]

@@ -6,7 +6,7 @@ one buffer of ``num_slots`` states, allocated once; the scheduler gives each run
 a slot. A step gathers the states of the rows it runs, the unmodified mlx-lm layer advances
 them, and the new states are scattered back to the same slots — only for the requests in the
 step, so a request that is not in it never advances. A sequence that starts at position 0
-reads no state (mlx-lm's own zero start).
+reads no state (mlx-lm's own empty cache).
 """
 
 from __future__ import annotations
@@ -49,19 +49,11 @@ class StatePool:
 
 class StepState(ArraysCache):
     """One recurrent layer's cache for one model call of a step: the states of its rows
-    gathered from their ``slots`` (rows where ``fresh`` start from zero; ``read`` False: the
-    call starts a sequence at 0 and reads nothing). ``write_back`` stores what the layer
-    left in the cache."""
+    gathered from their ``slots`` (``read`` False: the call's sequences start at 0 and read
+    nothing, as mlx-lm's empty cache). ``write_back`` stores what the layer left in the
+    cache."""
 
-    def __init__(
-        self,
-        pool: StatePool,
-        layer: int,
-        slots: mx.array,
-        *,
-        read: bool = True,
-        fresh: mx.array | None = None,
-    ) -> None:
+    def __init__(self, pool: StatePool, layer: int, slots: mx.array, *, read: bool = True) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
         self.pool, self.layer, self.slots = pool, layer, slots
@@ -69,10 +61,7 @@ class StepState(ArraysCache):
             for k, buf in enumerate(bufs):
                 if buf is None:
                     continue
-                x = buf[slots]
-                if fresh is not None:
-                    x = mx.where(fresh.reshape(-1, *([1] * (x.ndim - 1))), mx.zeros_like(x), x)
-                self.cache[k] = x
+                self.cache[k] = buf[slots]
 
     def write_back(self) -> None:
         bufs = self.pool.bufs[self.layer]

@@ -153,3 +153,26 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
         ModelRunner(Hybrid(KVCache), model_type="hybrid")
     with pytest.raises(ValueError, match="state layer 0 keeps no state"):
         ModelRunner(Hybrid(lambda: ArraysCache(2)), model_type="hybrid")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "message"),
+    [
+        # KV shared across layers: runs, but the paged path would be silently wrong.
+        ("gemma4_text", "paged caches disagree with mlx-lm's"),
+        # Learned positions read from a scalar cache offset.
+        ("gpt_bigcode", "does not run on Tandem's paged caches"),
+        # Masks of one window over a cache of another.
+        ("plamo3", "caches a window of 8 positions but asks for masks of"),
+        # Reads cache attributes Tandem's caches do not have.
+        ("afm7", "does not run on Tandem's caches: AttributeError"),
+    ],
+)
+def test_models_tandem_cannot_serve_exactly_are_refused_at_load(tmp_path, model_type, message):
+    """The load check compares a paged prefill + batched decode with mlx-lm's own caches, so
+    nothing that would compute wrong tokens reaches a step."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    path = make_zoo_model(tmp_path / model_type, model_type)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(path))
