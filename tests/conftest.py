@@ -18,20 +18,25 @@ def small_kv_pools():
     loader.CPU_KV_BYTES, live_server.DEFAULT_KV_BUDGET_TOKENS = saved
 
 
+def _written_once(tmp_path_factory, folder: str, make) -> callable:
+    """name -> path of a model ``make(path, name)`` wrote, once per session."""
+    root: Path = tmp_path_factory.mktemp(folder)
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = make(root / name, name)
+        return made[name]
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> callable:
     """arch -> path of a float32 random-weight model written once per session."""
     from tandem.testing.tiny_models import make_tiny_model
 
-    root: Path = tmp_path_factory.mktemp("models")
-    made: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in made:
-            made[arch] = make_tiny_model(root / arch, arch)
-        return made[arch]
-
-    return get
+    return _written_once(tmp_path_factory, "models", make_tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -39,12 +44,4 @@ def family_model_dir(tmp_path_factory) -> callable:
     """model_type -> path of a tiny model of a family in tandem.testing.families."""
     from tandem.testing.families import make_family_model
 
-    root: Path = tmp_path_factory.mktemp("families")
-    made: dict[str, Path] = {}
-
-    def get(model_type: str) -> Path:
-        if model_type not in made:
-            made[model_type] = make_family_model(root / model_type, model_type)
-        return made[model_type]
-
-    return get
+    return _written_once(tmp_path_factory, "families", make_family_model)

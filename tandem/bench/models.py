@@ -247,18 +247,15 @@ def _cell(text: str) -> str:
 def _tandem_revision() -> str:
     try:
         root = Path(__file__).resolve().parents[2]
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+
+        def git(*args: str) -> str:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+            )
+            return out.stdout.strip()
+
+        rev = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
         return rev + (" with uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

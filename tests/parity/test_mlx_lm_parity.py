@@ -94,11 +94,11 @@ def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int
     return got
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_model_dir, arch):
-    path = tiny_model_dir(arch)
-    results = []
-    # (overlap, KV double buffer): the CPU default, the GPU default, no overlap.
+def staggered_three_ways(path, seed: str, **engine_options) -> list[LLM]:
+    """run_staggered with overlap and the KV double buffer (the CPU default), overlap with one
+    buffer set (the GPU default) and no overlap: identical, and equal to mlx-lm. Returns the
+    three engines."""
+    results, llms = [], []
     for overlap, double in ((True, True), (True, False), (False, False)):
         llm = LLM(
             str(path),
@@ -106,10 +106,18 @@ def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_mode
             kv_double_buffer=double,
             check_invariants=True,
             max_num_seqs=32,
+            **engine_options,
         )
-        results.append(run_staggered(llm, path, random.Random(arch)))
+        results.append(run_staggered(llm, path, random.Random(seed)))
         assert (llm.engine.loop.num_chained > 0) == overlap
+        llms.append(llm)
     assert results[0] == results[1] == results[2]
+    return llms
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_model_dir, arch):
+    staggered_three_ways(tiny_model_dir(arch), arch)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -10,7 +10,7 @@ import pytest
 
 from tandem import LLM
 from tandem.testing.families import FAMILIES, RECURRENT, WINDOW
-from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
+from tests.parity.test_mlx_lm_parity import greedy, reference, staggered_three_ways
 
 TYPES = sorted(FAMILIES)
 
@@ -52,24 +52,13 @@ def test_single_request_past_the_window_matches_mlx_lm(family_model_dir, model_t
 def test_staggered_requests_match_mlx_lm_overlap_on_and_off(family_model_dir, model_type):
     """18 requests up to 70 tokens joining at different steps, stops mid-chain, aborts in
     flight, shared-prefix hits; pages of 4 positions, windows of 8."""
-    path = family_model_dir(model_type)
-    results = []
-    for overlap, double in ((True, True), (True, False), (False, False)):
-        llm = LLM(
-            str(path),
-            overlap=overlap,
-            kv_double_buffer=double,
-            check_invariants=True,
-            max_num_seqs=32,
-            max_num_batched_tokens=64,
-            kv_page_size=4,
-        )
-        results.append(run_staggered(llm, path, random.Random(model_type)))
-        assert (llm.engine.loop.num_chained > 0) == overlap
+    llms = staggered_three_ways(
+        family_model_dir(model_type), model_type, max_num_batched_tokens=64, kv_page_size=4
+    )
+    for llm in llms:
         # No prefix hits on recurrent state yet (a state cannot be rewound to a prefix).
         hits = llm.engine.scheduler.stats.hit_tokens
         assert (hits > 0) == (model_type not in RECURRENT)
-    assert results[0] == results[1] == results[2]
 
 
 @pytest.mark.parametrize("model_type", TYPES)
