@@ -54,24 +54,38 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     max_model_len = min(config.max_model_len or native_len, native_len)
     per_token = runner.bytes_per_token
     state_slots = config.max_num_seqs if runner.recurrent else 0
+    memory = kv_memory_bytes(config.kv_memory_fraction)
+    snapshots = 0
+    if state_slots and config.prefix_cache:
+        # Snapshot slots of states for the prefix cache: as many as running requests, in at
+        # most a quarter of the KV memory, unless set.
+        snapshots = config.state_snapshots
+        if snapshots is None:
+            snapshots = min(config.max_num_seqs, int(memory // 4 // runner.state_bytes_per_seq))
     # More than every sequence at full length (twice, with the prefix cache) is unused.
-    seqs = config.max_num_seqs * (2 if config.prefix_cache and not runner.recurrent else 1)
+    seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
     if config.kv_budget_tokens:
         budget = config.kv_budget_tokens
     elif per_token == 0:  # only recurrent layers: pages only count positions
         budget = seqs * max_model_len
     else:
-        memory = kv_memory_bytes(config.kv_memory_fraction)
-        memory -= state_slots * runner.state_bytes_per_seq  # the recurrent states first
+        memory -= (state_slots + snapshots) * runner.state_bytes_per_seq  # the states first
         if state_slots and memory < per_token * max_model_len:
             raise ValueError(
-                f"{state_slots} recurrent states of {runner.state_bytes_per_seq} bytes leave "
-                "no memory for KV: lower --max-num-seqs"
+                f"{state_slots + snapshots} recurrent states of {runner.state_bytes_per_seq} "
+                "bytes leave no memory for KV: lower --max-num-seqs (or --state-snapshots)"
             )
         budget = min(int(memory // per_token), seqs * max_model_len)
     page = config.kv_page_size
     num_pages = max(1, budget // page)
-    runner.allocate_kv(num_pages, page, state_slots)
+    runner.allocate_kv(num_pages, page, state_slots + snapshots)
+    if state_slots:
+        log.info(
+            "recurrent states: %d running + %d cached (%.1f MiB each)",
+            state_slots,
+            snapshots,
+            runner.state_bytes_per_seq / 2**20,
+        )
     log.info(
         "KV pool %d pages of %d tokens (%.1f MiB, %d B/token); max_model_len %d",
         num_pages,
@@ -94,9 +108,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
         kv_budget_tokens=num_pages * page,
         page_size=page,
-        # A recurrent state cannot be rewound to a shared prefix's end: no hits yet.
-        prefix_cache=config.prefix_cache and not runner.recurrent,
-        state_slots=config.max_num_seqs if runner.recurrent else 0,
+        # A recurrent model's hits resume from state snapshots (none: no prefix cache).
+        prefix_cache=config.prefix_cache,
+        state_slots=state_slots,
+        state_snapshots=snapshots,
     )
     engine = Engine(
         runner,

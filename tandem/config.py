@@ -26,6 +26,9 @@ class EngineConfig:
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None
     prefix_cache: bool = True
+    # Models with recurrent layers: states the prefix cache keeps (a hit resumes from one;
+    # None: max_num_seqs within a quarter of the KV memory; 0: no prefix cache for them).
+    state_snapshots: int | None = None
     check_invariants: bool = False
     seed: int | None = None
 
@@ -41,5 +44,7 @@ class EngineConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):
             raise ValueError("kv_page_size must be a power of two")
+        if self.state_snapshots is not None and self.state_snapshots < 0:
+            raise ValueError("state_snapshots must be >= 0")
         if self.kv_budget_tokens is not None and self.kv_budget_tokens < self.kv_page_size:
             raise ValueError("kv_budget_tokens must hold at least one page")

@@ -75,6 +75,7 @@ class LLM:
         tokens: dict[str, list[int]] = {rid: [] for rid in ids}
         logprobs: dict[str, list] = {rid: [] for rid in ids}
         prompt_lps: dict[str, list] = {rid: [] for rid in ids}
+        cached: dict[str, int] = {rid: 0 for rid in ids}
         reasons: dict[str, str] = {}
         while len(reasons) < len(ids):
             for out in self.engine.step():
@@ -82,6 +83,8 @@ class LLM:
                     tokens[out.request_id].extend(out.new_token_ids)
                     logprobs[out.request_id].extend(out.logprobs or ())
                     prompt_lps[out.request_id].extend(out.prompt_logprobs or ())
+                    if out.cached_tokens is not None:
+                        cached[out.request_id] = out.cached_tokens
                     if out.finish_reason:
                         reasons[out.request_id] = out.finish_reason
         return [
@@ -93,6 +96,7 @@ class LLM:
                 reasons[rid],
                 logprobs[rid] if sp.logprobs is not None else None,
                 prompt_lps[rid] if sp.prompt_logprobs is not None else None,
+                cached[rid],
             )
             for rid, toks, sp in zip(ids, encoded, params, strict=True)
         ]
@@ -108,18 +112,23 @@ class LLM:
         token_ids: list[int] = []
         text = ""
         finished = False
+        cached = 0
         try:
             while not finished:
                 for out in self.engine.step():
                     if out.request_id != rid:
                         continue
                     token_ids.extend(out.new_token_ids)
+                    if out.cached_tokens is not None:
+                        cached = out.cached_tokens
                     text += detok.add(list(out.new_token_ids))
                     finished = out.finished
                     reason = out.finish_reason
                     if finished:
                         text = self._text(token_ids, reason, params)
-                    yield RequestOutput(rid, toks, list(token_ids), text, reason)
+                    yield RequestOutput(
+                        rid, toks, list(token_ids), text, reason, cached_tokens=cached
+                    )
         finally:
             if not finished:
                 self.engine.abort(rid)

@@ -4,7 +4,8 @@ A request is admitted when a sequence slot is free (``max_num_seqs``) and the po
 pages for every token it already has (its prompt, plus its output if it was retracted) beyond
 its prefix-cache hit, while keeping a reserve for the next token of every running decode.
 Pages for later output tokens come one at a time as a request reaches them (the scheduler
-retracts when they run out). Admission is FIFO: the head of the queue blocks the rest.
+retracts when they run out). Admission is FIFO: the head of the queue blocks the rest. With
+recurrent layers a hit also hands the request the snapshot its state resumes from.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 
 from tandem.engine.kv_manager import KVManager
+from tandem.engine.prefix_cache import StateHit
 from tandem.engine.request import Request, RequestStatus
 
 # A request that shares this many more tokens with one admitted in the same step than the
@@ -56,31 +58,45 @@ class Admission:
             # Prompt log-probabilities need every prompt position computed: no reuse. The
             # last known token is always computed (its logits give the next token).
             reuse = self.prefix_cache and req.params.prompt_logprobs is None
-            hit_pages = kv.match(tokens, len(tokens) - 1) if reuse else []
-            hit = len(hit_pages) * kv.page_size
-            if reuse and any(
-                _common_prefix(tokens, other.token_ids()) >= hit + SHARED_PREFIX_WAIT
-                for other in admitted
-            ):
-                kv.release(hit_pages)
-                break
-            need = kv.pages_for(len(tokens)) - len(hit_pages)
+            hit = kv.match(tokens, len(tokens) - 1) if reuse else StateHit([], -1, 0)
+            cached = len(hit.pages) * kv.page_size
+            if reuse:
+                other = next(
+                    (
+                        o
+                        for o in admitted
+                        if _common_prefix(tokens, o.token_ids()) >= cached + SHARED_PREFIX_WAIT
+                    ),
+                    None,
+                )
+                if other is not None:
+                    if kv.snapshots is not None:  # keep the state where the two part
+                        common = _common_prefix(tokens, other.token_ids())
+                        other.snap_targets.add(common // kv.page_size * kv.page_size)
+                    kv.unmatch(hit)
+                    break
+            need = kv.pages_for(len(tokens)) - len(hit.pages)
             if need + reserve > kv.available():
-                kv.release(hit_pages)
+                kv.unmatch(hit)
                 self.blocked = True
                 break
             try:  # before it leaves the queue
-                req.pages = hit_pages + kv.allocate(need)
+                req.pages = hit.pages + kv.allocate(need)
             except Exception:
-                kv.release(hit_pages)
+                kv.unmatch(hit)
                 raise
+            # A recurrent model resumes from the hit's state; where the cache matched more
+            # tokens than it has a state for, keep the state there this time.
+            req.state_src = hit.snapshot
+            if hit.matched > cached:
+                req.snap_targets.add(hit.matched)
             waiting.popleft()
             if req.num_retractions == 0:
                 self.stats.queried_tokens += req.num_prompt_tokens
-                self.stats.hit_tokens += hit
+                self.stats.hit_tokens += cached
             if not req.cache_reported:  # what the client will be told: this admission's hit
-                req.num_cached_tokens = hit
-            req.num_computed = hit
+                req.num_cached_tokens = cached
+            req.num_computed = cached
             req.status = RequestStatus.PREFILL
             admitted.append(req)
         return admitted

@@ -37,6 +37,17 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
     if sched.state_slots is not None:
         sched.state_slots.check([r.state_slot for r in sched.running.values()])
         assert all(r.state_slot == -1 for r in sched.waiting), "a waiting request holds state"
+    if kv.snapshots is not None:
+        assert kv.tree is not None
+        holders = kv.tree.snapshot_refs()
+        for req in sched.running.values():
+            for slot in (req.state_src, req.checkpoint):
+                if slot >= 0:
+                    holders[slot] = holders.get(slot, 0) + 1
+            assert req.checkpoint >= 0 or req.checkpoint_pos == 0 or req.finished
+        kv.snapshots.check(holders)
+        for req in sched.waiting:
+            assert req.state_src == req.checkpoint == -1, "a waiting request holds a snapshot"
 
     waiting_ids = [r.request_id for r in sched.waiting]
     assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"

@@ -1,18 +1,32 @@
 """The one manager of KV memory on the scheduler's side: the page pool's allocator, the
-prefix cache over it, and the budget (pages in use + cached <= pool)."""
+prefix cache over it, the budget (pages in use + cached <= pool), and for models with
+recurrent layers the snapshot slots the prefix cache keeps states in."""
 
 from __future__ import annotations
 
 from tandem.engine.pages import PageAllocator
-from tandem.engine.prefix_cache import PrefixCache
+from tandem.engine.prefix_cache import PrefixCache, StateHit
+from tandem.engine.state_slots import Snapshots
 
 
 class KVManager:
-    def __init__(self, num_pages: int, page_size: int, *, prefix_cache: bool) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        *,
+        prefix_cache: bool,
+        snapshots: Snapshots | None = None,
+    ) -> None:
         self.page_size = page_size
         self.alloc = PageAllocator(num_pages)
-        self.tree = PrefixCache(self.alloc, page_size) if prefix_cache else None
+        # Recurrent models: no snapshot slots, no prefix cache (nothing to resume from).
+        if snapshots is not None and snapshots.num == 0:
+            prefix_cache, snapshots = False, None
+        self.snapshots = snapshots if prefix_cache else None
+        self.tree = PrefixCache(self.alloc, page_size, self.snapshots) if prefix_cache else None
         self.evicted_pages = 0
+        self.evicted_snapshots = 0
 
     @property
     def num_pages(self) -> int:
@@ -42,26 +56,68 @@ class KVManager:
             self.evicted_pages += self.tree.evict(short)
         return self.alloc.allocate(n)
 
-    def match(self, tokens: list[int], limit: int) -> list[int]:
-        """Cached pages for a prefix of ``tokens[:limit]``, referenced for the caller."""
+    def match(self, tokens: list[int], limit: int) -> StateHit:
+        """Cached pages for a prefix of ``tokens[:limit]``, referenced for the caller; with
+        recurrent layers cut at the deepest snapshot, whose slot is referenced too."""
         if self.tree is None:
-            return []
-        pages = self.tree.match(tokens, limit)
-        self.alloc.incref(pages)
-        return pages
+            return StateHit([], -1, 0)
+        if self.snapshots is None:
+            pages = self.tree.match(tokens, limit)
+            hit = StateHit(pages, -1, len(pages) * self.page_size)
+        else:
+            hit = self.tree.match_state(tokens, limit)
+            if hit.snapshot >= 0:
+                self.snapshots.incref(hit.snapshot)
+        self.alloc.incref(hit.pages)
+        return hit
 
-    def cache(self, tokens: list[int], pages: list[int], length: int, locks: set[int]) -> None:
+    def unmatch(self, hit: StateHit) -> None:
+        """Give back what ``match`` referenced."""
+        self.alloc.decref(hit.pages)
+        self.drop_snapshot(hit.snapshot)
+
+    # ---- recurrent-state snapshots (self.snapshots is not None) --------------------------
+    def new_snapshot(self) -> int:
+        """A free snapshot slot (the least recently used cached states give theirs up), or
+        -1 when every slot is in use by a request."""
+        assert self.snapshots is not None and self.tree is not None
+        slot = self.snapshots.allocate()
+        while slot < 0 and self.tree.evict_snapshot():
+            self.evicted_snapshots += 1
+            slot = self.snapshots.allocate()
+        return slot
+
+    def wants_snapshot(self, tokens: list[int], pos: int) -> bool:
+        """Whether the state after ``tokens[:pos]`` is worth keeping: the cache has none."""
+        assert self.tree is not None
+        return self.tree.snapshot_at(tokens, pos) < 0
+
+    def keep_snapshot(self, tokens: list[int], pos: int, slot: int) -> None:
+        """The state after ``tokens[:pos]`` (whose pages are cached) is in ``slot``: the
+        cache takes the caller's reference, or it is dropped if the cache has that state."""
+        assert self.tree is not None
+        if not self.tree.attach(tokens, pos, slot):
+            self.drop_snapshot(slot)
+
+    def drop_snapshot(self, slot: int) -> None:
+        if slot >= 0:
+            assert self.snapshots is not None
+            self.snapshots.decref(slot)
+
+    def cache(self, tokens: list[int], pages: list[int], length: int, locks: set[int]) -> int:
         """Offer the whole pages of positions ``[0, length)`` (written with ``tokens``) of a
         request whose extra page locks are ``locks`` (updated: the tree's own pages on the
-        path, which the request must keep alive while it lives)."""
+        path, which the request must keep alive while it lives). Returns the positions now
+        cached."""
         if self.tree is None:
-            return
+            return 0
         n = min(length // self.page_size, len(pages))
         if n:
             new = [p for p in self.tree.insert(tokens[: n * self.page_size], pages[:n])]
             new = [p for p in dict.fromkeys(new) if p not in locks]
             self.alloc.incref(new)
             locks.update(new)
+        return n * self.page_size
 
     def release(self, pages: list[int], locks: set[int] | None = None) -> None:
         self.alloc.decref(pages)

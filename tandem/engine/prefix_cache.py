@@ -8,6 +8,10 @@ pages are cached and shared: a prompt's partially filled last page is recomputed
 
 A page whose only reference is the tree's is *cached*; a leaf all of whose pages are cached is
 evictable (least recently used first). Pages a live request holds are locked by its reference.
+
+Models with recurrent layers: a node may also hold a *snapshot*, the recurrent state after the
+tokens up to its end (a slot of ``Snapshots``). Such a model can only resume where a state
+was kept, so its hits end at the deepest snapshot on the matched path (``match_state``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from tandem.engine.pages import PageAllocator
+from tandem.engine.state_slots import Snapshots
 
 _clock = itertools.count(1)
 
@@ -28,12 +33,26 @@ class Node:
     parent: Node | None = None
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     last_access: int = 0
+    snapshot: int = -1  # recurrent state after this node's last token (-1: none)
+
+
+@dataclass(frozen=True)
+class StateHit:
+    """A hit for a model with recurrent layers: the pages up to the deepest snapshot, that
+    snapshot's slot (-1: none, the hit is empty), and the tokens the tree matched in all."""
+
+    pages: list[int]
+    snapshot: int
+    matched: int
 
 
 class PrefixCache:
-    def __init__(self, allocator: PageAllocator, page_size: int) -> None:
+    def __init__(
+        self, allocator: PageAllocator, page_size: int, snapshots: Snapshots | None = None
+    ) -> None:
         self.alloc = allocator
         self.page_size = page_size
+        self.snapshots = snapshots
         self.root = Node()
         self.num_pages = 0  # pages the tree references
 
@@ -43,8 +62,21 @@ class PrefixCache:
     def match(self, tokens: list[int], limit: int) -> list[int]:
         """The cached pages of the longest whole-page prefix of ``tokens[:limit]``; marks the
         path recently used. Splits an edge where the match ends inside it."""
+        return [pg for node in self._walk(tokens, limit) for pg in node.pages]
+
+    def match_state(self, tokens: list[int], limit: int) -> StateHit:
+        """``match`` cut at the deepest node on the path that holds a snapshot."""
+        path = self._walk(tokens, limit)
+        matched = sum(len(n.pages) for n in path) * self.page_size
+        deepest = max((i for i, n in enumerate(path) if n.snapshot >= 0), default=-1)
+        pages = [pg for node in path[: deepest + 1] for pg in node.pages]
+        return StateHit(pages, path[deepest].snapshot if deepest >= 0 else -1, matched)
+
+    def _walk(self, tokens: list[int] | tuple[int, ...], limit: int) -> list[Node]:
+        """The nodes of the longest whole-page prefix of ``tokens[:limit]`` in the tree, the
+        last one split so the path ends exactly there; marked recently used."""
         p = self.page_size
-        node, pos, pages = self.root, 0, []
+        node, pos, path = self.root, 0, []
         stamp = next(_clock)
         while pos + p <= limit:
             child = node.children.get(self._key(tokens, pos))
@@ -62,10 +94,54 @@ class PrefixCache:
             if n < edge_pages:
                 child = self._split(child, n)
             child.last_access = stamp
-            pages += child.pages
+            path.append(child)
             pos += n * p
             node = child
-        return pages
+        return path
+
+    def snapshot_at(self, tokens: list[int] | tuple[int, ...], pos: int) -> int:
+        """The snapshot after ``tokens[:pos]`` (-1: none); changes nothing."""
+        p = self.page_size
+        node, at = self.root, 0
+        while at < pos:
+            child = node.children.get(self._key(tokens, at))
+            if child is None or child.tokens != tuple(tokens[at : at + len(child.tokens)]):
+                return -1
+            at += len(child.tokens)
+            node = child
+        assert at % p == 0
+        return node.snapshot if at == pos else -1
+
+    def attach(self, tokens: list[int] | tuple[int, ...], pos: int, slot: int) -> bool:
+        """Keep ``slot`` (the caller's reference, taken over) as the state after
+        ``tokens[:pos]``, whose pages are in the tree. False (the caller keeps its reference)
+        when the tree already holds a state there."""
+        assert pos > 0 and pos % self.page_size == 0
+        path = self._walk(tokens, pos)
+        assert path and sum(len(n.pages) for n in path) * self.page_size == pos, "no pages"
+        if path[-1].snapshot >= 0:
+            return False
+        path[-1].snapshot = slot
+        return True
+
+    def evict_snapshot(self) -> bool:
+        """Drop the least recently used snapshot no request is about to read; False when
+        there is none."""
+        assert self.snapshots is not None
+        refs = self.snapshots.refs
+        held = [n for n in self._nodes() if n.snapshot >= 0 and refs[n.snapshot] == 1]
+        if not held:
+            return False
+        node = min(held, key=lambda n: n.last_access)
+        self.snapshots.decref(node.snapshot)
+        node.snapshot = -1
+        return True
+
+    def _drop_snapshot(self, node: Node) -> None:
+        if node.snapshot >= 0:
+            assert self.snapshots is not None
+            self.snapshots.decref(node.snapshot)
+            node.snapshot = -1
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut ``child``'s edge after ``n`` pages; returns the upper half."""
@@ -128,6 +204,7 @@ class PrefixCache:
             parent = node.parent
             assert parent is not None
             del parent.children[self._key(node.tokens, 0)]
+            self._drop_snapshot(node)
             self.num_pages -= len(node.pages)
             freed += self.alloc.tree_unref(node.pages)
             if parent is not self.root and self._evictable_leaf(parent):
@@ -139,6 +216,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         for node in self._nodes():
+            self._drop_snapshot(node)
             self.alloc.tree_unref(node.pages)
         self.root = Node()
         self.num_pages = 0
@@ -170,3 +248,13 @@ class PrefixCache:
         refs = self.page_refs()
         assert all(c == 1 for c in refs.values()), "the tree lists a page twice"
         assert set(refs) == {pg for pg, t in enumerate(self.alloc.in_tree) if t}
+        snaps = self.snapshot_refs()
+        assert all(c == 1 for c in snaps.values()), "two nodes hold one snapshot"
+
+    def snapshot_refs(self) -> dict[int, int]:
+        """How many nodes hold each snapshot slot (at most one when consistent)."""
+        refs: dict[int, int] = {}
+        for n in self._nodes():
+            if n.snapshot >= 0:
+                refs[n.snapshot] = refs.get(n.snapshot, 0) + 1
+        return refs

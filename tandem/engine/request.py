@@ -31,6 +31,14 @@ class Request:
     # PrefixCache.insert): released with its pages.
     locked_pages: set[int] = field(default_factory=set)
     state_slot: int = -1  # recurrent-state slot while running (models with recurrent layers)
+    # Recurrent models with the prefix cache: the snapshot slot a hit resumes from (until
+    # the first chunk that reads it is launched), the request's own checkpoint (its state at
+    # ``checkpoint_pos``, a page boundary, cached when it ends) and positions where the
+    # cache wants its state kept (where prompts part).
+    state_src: int = -1
+    checkpoint: int = -1
+    checkpoint_pos: int = 0
+    snap_targets: set[int] = field(default_factory=set)
     # Positions whose KV has been (or is being, in a launched step) written.
     num_computed: int = 0
     # Launched steps that reference this request and are not finalized yet, and those of

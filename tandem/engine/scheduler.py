@@ -20,7 +20,7 @@ from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
-from tandem.engine.state_slots import StateSlots
+from tandem.engine.state_slots import Snapshots, StateSlots
 from tandem.outputs import EngineOutput
 
 DEFAULT_PAGE_SIZE = 16
@@ -39,8 +39,10 @@ class SchedulerConfig:
     kv_budget_tokens: int = 1 << 16
     page_size: int = DEFAULT_PAGE_SIZE
     prefix_cache: bool = True
-    # Recurrent-state slots (models with recurrent layers: max_num_seqs; 0: none).
+    # Recurrent-state slots (models with recurrent layers: max_num_seqs; 0: none), and the
+    # slots after them that keep snapshots of states for the prefix cache.
     state_slots: int = 0
+    state_snapshots: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -59,9 +61,19 @@ class CacheStats:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.kv = KVManager(config.num_pages, config.page_size, prefix_cache=config.prefix_cache)
+        snapshots = (
+            Snapshots(config.state_slots, config.state_snapshots) if config.state_slots else None
+        )
+        self.kv = KVManager(
+            config.num_pages,
+            config.page_size,
+            prefix_cache=config.prefix_cache,
+            snapshots=snapshots,
+        )
         self.stats = CacheStats()
-        self.admission = Admission(self.kv, config.max_num_seqs, config.prefix_cache, self.stats)
+        self.admission = Admission(
+            self.kv, config.max_num_seqs, self.kv.tree is not None, self.stats
+        )
         self.waiting: deque[Request] = deque()
         self.running: dict[str, Request] = {}  # holds pages (PREFILL, DECODE or FINISHED)
         self.max_step_tokens = config.max_num_batched_tokens  # shrinks after a device OOM
@@ -183,6 +195,8 @@ class Scheduler:
                     prow,
                     len(sampled),
                     state_slot=req.state_slot,
+                    state_src=req.state_src,
+                    snapshots=self._checkpoint(req, pos + 1),
                 )
             )
             sampled.append(req)
@@ -208,6 +222,9 @@ class Scheduler:
         start = req.num_computed
         tokens = req.token_ids()
         end = min(len(tokens), start + budget)
+        snaps: tuple[tuple[int, int], ...] = ()
+        if self.kv.snapshots is not None:
+            end, snaps = self._chunk_snapshots(req, tokens, start, end)
         sample = end == len(tokens)
         k = req.params.prompt_logprobs
         # Until the first output is reported the prompt's entries are still owed (a
@@ -224,7 +241,49 @@ class Scheduler:
             logprobs=k if want and k is not None else -1,
             next_tokens=tuple(tokens[start + 1 : scored_end + 1]) if want else (),
             state_slot=req.state_slot,
+            state_src=req.state_src,
+            snapshots=snaps,
         )
+
+    # ---- recurrent-state snapshots (models with recurrent layers and the prefix cache) --
+    def _chunk_snapshots(
+        self, req: Request, tokens: list[int], start: int, end: int
+    ) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """Where a chunk of a recurrent model keeps its state for the prefix cache: at its
+        end when the budget cuts it (moved back to a page boundary), at the last page
+        boundary a repeat of these tokens could hit, and where the cache wants it (prompts
+        part there). Returns the chunk's end and its (position, slot) snapshots."""
+        p = self.kv.page_size
+        n = len(tokens)
+        want = {pos for pos in req.snap_targets if start < pos <= end}
+        if end < n and end // p * p > start:
+            end = end // p * p
+            want.add(end)
+        last = (n - 1) // p * p  # a repeat of the whole prompt hits up to here
+        if start < last <= end:
+            want.add(last)
+        snaps = []
+        for pos in sorted(want):
+            if pos > end or pos % p or not self.kv.wants_snapshot(tokens, pos):
+                continue
+            slot = self.kv.new_snapshot()
+            if slot < 0:
+                break
+            snaps.append((pos, slot))
+        req.snap_targets = {pos for pos in req.snap_targets if pos > end}
+        return end, tuple(snaps)
+
+    def _checkpoint(self, req: Request, end: int) -> tuple[tuple[int, int], ...]:
+        """A decode reaching page boundary ``end`` copies its state to the request's
+        checkpoint slot (its last one is cached with its pages when it ends)."""
+        if self.kv.snapshots is None or end % self.kv.page_size:
+            return ()
+        if req.checkpoint < 0:
+            req.checkpoint = self.kv.new_snapshot()
+            if req.checkpoint < 0:
+                return ()
+        req.checkpoint_pos = end
+        return ((end, req.checkpoint),)
 
     def _launch(
         self,
@@ -238,6 +297,9 @@ class Scheduler:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens
             req.num_inflight += 1
+            if seg.state_src >= 0:  # read by this step: the request's own slot from now on
+                self.kv.drop_snapshot(req.state_src)
+                req.state_src = -1
             if seg.sample_row >= 0:
                 req.num_pending_samples += 1
                 req.status = RequestStatus.DECODE
@@ -246,7 +308,10 @@ class Scheduler:
             # Launched prefill is visible to later steps' hits (the device runs steps in
             # order), never to this one's.
             req = self.running[seg.request_id]
-            self.kv.cache(req.token_ids(), req.pages, seg.end, req.locked_pages)
+            tokens = req.token_ids()
+            self.kv.cache(tokens, req.pages, seg.end, req.locked_pages)
+            for pos, slot in seg.snapshots:
+                self.kv.keep_snapshot(tokens, pos, slot)
         ids = tuple(r.request_id for r in sampled)
         reuse = (
             parent is not None
@@ -382,6 +447,11 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.kv.release(req.pages, req.locked_pages)
         req.pages = []
+        self.kv.drop_snapshot(req.state_src)
+        self.kv.drop_snapshot(req.checkpoint)
+        req.state_src = req.checkpoint = -1
+        req.checkpoint_pos = 0
+        req.snap_targets.clear()
         if req.state_slot >= 0:
             assert self.state_slots is not None
             self.state_slots.release(req.state_slot)
@@ -390,7 +460,12 @@ class Scheduler:
     def _cache(self, req: Request) -> None:
         """Offer every whole page certainly written with the token the tree will claim."""
         length = min(req.num_computed, req.num_tokens)
-        self.kv.cache(req.token_ids(), req.pages, length, req.locked_pages)
+        tokens = req.token_ids()
+        cached = self.kv.cache(tokens, req.pages, length, req.locked_pages)
+        if req.checkpoint >= 0 and 0 < req.checkpoint_pos <= cached:
+            # Its state there (a multi-turn chat's next turn resumes from it).
+            self.kv.keep_snapshot(tokens, req.checkpoint_pos, req.checkpoint)
+            req.checkpoint = -1
 
     # ---- invariants ---------------------------------------------------------------------
     def check_invariants(self, inflight: Iterable[StepPlan] = ()) -> None:

@@ -30,3 +30,45 @@ class StateSlots:
         assert len(set(holders)) == len(holders), "two requests hold one state slot"
         assert set(holders) == self._held, "state slots held by no request (or unbooked)"
         assert len(self._free) + len(self._held) == self.num_slots
+
+
+class Snapshots:
+    """Snapshot slots of the state pool (slots ``[first, first + num)``): a recurrent state
+    copied at a page boundary, so a later request whose prompt shares the tokens up to that
+    position resumes from it (a state cannot be rewound, only restored). A slot is free or
+    referenced by: the prefix-cache node it is attached to, the running request whose
+    checkpoint it is, and requests admitted on it whose first chunk has not launched yet."""
+
+    def __init__(self, first: int, num: int) -> None:
+        self.first = first
+        self.num = num
+        self.refs: dict[int, int] = {}
+        self._free = list(range(first + num - 1, first - 1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        """A free slot with one reference (the caller's), or -1 when none is free."""
+        if not self._free:
+            return -1
+        slot = self._free.pop()
+        self.refs[slot] = 1
+        return slot
+
+    def incref(self, slot: int) -> None:
+        assert self.refs.get(slot, 0) > 0, f"incref of free snapshot slot {slot}"
+        self.refs[slot] += 1
+
+    def decref(self, slot: int) -> None:
+        assert self.refs.get(slot, 0) > 0, f"decref of free snapshot slot {slot}"
+        self.refs[slot] -= 1
+        if self.refs[slot] == 0:
+            del self.refs[slot]
+            self._free.append(slot)
+
+    def check(self, holders: dict[int, int]) -> None:
+        assert self.refs == holders, f"snapshot slot references {self.refs} != {holders}"
+        assert len(self._free) + len(self.refs) == self.num
+        assert not set(self._free) & set(self.refs), "a snapshot slot is free and held"

@@ -12,7 +12,7 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
-from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.runner import attention, kernels, layers, verify
 from tandem.runner.paged import PagedCache, PagePool
 from tandem.runner.row_select import install_row_selection
@@ -57,6 +57,11 @@ def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
 def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | None:
     """The model's declared cache layout; raises for cache kinds Tandem does not serve."""
     return layers.declared_layout(model, model_type)
+
+
+def _source(seg: Segment) -> int:
+    """The slot a segment's state is read from: a prefix hit's snapshot, else its own."""
+    return seg.state_src if seg.state_src >= 0 else seg.state_slot
 
 
 class ModelRunner:
@@ -297,8 +302,8 @@ class ModelRunner:
     def _forward_pieces(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """A model with recurrent layers: one call on the step's single-token segments (each
         row its request's state; one more for those starting at 0) and one per prefill chunk
-        as a (1, n) sequence, so the recurrence runs along the chunk; the head rows' logits
-        back in ``head`` order."""
+        as a (1, n) sequence, so the recurrence runs along the chunk (cut where a snapshot of
+        the state is kept); the head rows' logits back in ``head`` order."""
         sp = self.state_pool
         assert sp is not None
         starts, t = [], 0
@@ -308,6 +313,10 @@ class ModelRunner:
         where = {h: i for i, h in enumerate(head)}
         outs: list[mx.array] = []
         order: list[int] = []  # head index of each output row, in output order
+
+        def slots(values: list[int]) -> mx.array:
+            return mx.array(values, dtype=mx.int32)
+
         # Single-token segments in one call; those that start a sequence in another that
         # reads no state (a model may treat an empty cache unlike a zero state).
         for fresh in (False, True):
@@ -321,8 +330,13 @@ class ModelRunner:
             segs = [plan.segments[i] for i in singles]
             tok = [starts[i] for i in singles]
             assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
-            slots = mx.array([seg.state_slot for seg in segs], dtype=mx.int32)
-            states = [StepState(sp, j, slots, read=not fresh) for j in range(len(sp.specs))]
+            write = slots([seg.state_slot for seg in segs])
+            read = None if fresh else slots([_source(seg) for seg in segs])
+            copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
+            copy = (
+                (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
+            )
+            states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
             rows = [k for k, t0 in enumerate(tok) if t0 in where]
             order += [where[tok[k]] for k in rows]
             x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
@@ -330,14 +344,27 @@ class ModelRunner:
         for i, seg in enumerate(plan.segments):
             if seg.num_tokens == 1:
                 continue
-            t0 = starts[i]
-            rows = [k for k in range(seg.num_tokens) if t0 + k in where]
-            order += [where[t0 + k] for k in rows]
             assert seg.state_slot >= 0, "a recurrent row without a slot"
-            slot = mx.array([seg.state_slot], dtype=mx.int32)
-            states = [StepState(sp, j, slot, read=seg.start > 0) for j in range(len(sp.specs))]
-            x = inputs[t0 : t0 + seg.num_tokens][None]
-            outs.append(self._call(self._context([seg], sequence=True), x, rows, states))
+            write = slots([seg.state_slot])
+            snaps = dict(seg.snapshots)
+            cuts = [seg.start, *(pos for pos in snaps if pos < seg.end), seg.end]
+            for a, b in zip(cuts, cuts[1:], strict=False):
+                t0 = starts[i] + a - seg.start
+                piece = replace(
+                    seg,
+                    start=a,
+                    num_tokens=b - a,
+                    token_ids=seg.token_ids[a - seg.start : b - seg.start],
+                )
+                rows = [k for k in range(b - a) if t0 + k in where]
+                order += [where[t0 + k] for k in rows]
+                read = (
+                    None if a == 0 else slots([_source(seg) if a == seg.start else seg.state_slot])
+                )
+                copy = (slots([0]), slots([snaps[b]])) if b in snaps else None
+                states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
+                x = inputs[t0 : t0 + b - a][None]
+                outs.append(self._call(self._context([piece], sequence=True), x, rows, states))
         logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         if order != list(range(len(order))):
             logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]

@@ -6,7 +6,9 @@ one buffer of ``num_slots`` states, allocated once; the scheduler gives each run
 a slot. A step gathers the states of the rows it runs, the unmodified mlx-lm layer advances
 them, and the new states are scattered back to the same slots — only for the requests in the
 step, so a request that is not in it never advances. A sequence that starts at position 0
-reads no state (mlx-lm's own empty cache).
+reads no state (mlx-lm's own empty cache). Slots past the running ones keep snapshots for
+the prefix cache: a step copies a state there at a page boundary, and a request resuming
+from a cached prefix reads its first state from one.
 """
 
 from __future__ import annotations
@@ -49,23 +51,35 @@ class StatePool:
 
 class StepState(ArraysCache):
     """One recurrent layer's cache for one model call of a step: the states of its rows
-    gathered from their ``slots`` (``read`` False: the call's sequences start at 0 and read
-    nothing, as mlx-lm's empty cache). ``write_back`` stores what the layer left in the
-    cache."""
+    gathered from ``read`` slots (None: the call's sequences start at 0 and read nothing, as
+    mlx-lm's empty cache). ``write_back`` stores what the layer left in the cache to the
+    rows' ``write`` slots, and rows ``copies[0]`` also to snapshot slots ``copies[1]``."""
 
-    def __init__(self, pool: StatePool, layer: int, slots: mx.array, *, read: bool = True) -> None:
+    def __init__(
+        self,
+        pool: StatePool,
+        layer: int,
+        write: mx.array,
+        read: mx.array | None,
+        copies: tuple[mx.array, mx.array] | None = None,
+    ) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
-        self.pool, self.layer, self.slots = pool, layer, slots
-        if read:
+        self.pool, self.layer, self.write, self.copies = pool, layer, write, copies
+        if read is not None:
             for k, buf in enumerate(bufs):
                 if buf is None:
                     continue
-                self.cache[k] = buf[slots]
+                self.cache[k] = buf[read]
 
     def write_back(self) -> None:
         bufs = self.pool.bufs[self.layer]
         for k, buf in enumerate(bufs):
             new = self.cache[k]
-            if buf is not None and new is not None:
-                buf[self.slots] = new.astype(buf.dtype)
+            if buf is None or new is None:
+                continue
+            new = new.astype(buf.dtype)
+            buf[self.write] = new
+            if self.copies is not None:
+                rows, slots = self.copies
+                buf[slots] = new[rows]

@@ -5,7 +5,9 @@ model that uses its cache in a way the probe cannot see (learned positions read 
 scalar offset, KV shared across layers, its own sparse attention) would run, and be wrong.
 So before serving, a few tokens go through both paths — mlx-lm's ``make_cache()`` caches and
 Tandem's paged step (a prefill chunk, then a decode beside a second request's chunk, in
-scratch pools) — and the model is refused if their log-probabilities disagree.
+scratch pools) — and the model is refused if their log-probabilities disagree. A model with
+recurrent layers also keeps a snapshot of its state mid-chunk, and a third request resumes
+from it on the shared first page, as a prefix-cache hit does.
 """
 
 from __future__ import annotations
@@ -53,27 +55,35 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     a = [t % vocab for t in PROMPT_A]
     b = [t % vocab for t in PROMPT_B]
     pages_a, pages_b = (0, 1, 2), (3, 4)
+    recurrent = bool(runner.state_specs)
     saved = runner.pool, runner.state_pool
-    runner.pool = PagePool(runner.specs, 5, PAGE, double_buffer=False)
-    runner.state_pool = StatePool(runner.state_specs, 2) if runner.state_specs else None
+    runner.pool = PagePool(runner.specs, 7, PAGE, double_buffer=False)
+    # Slots: a, b, the request resuming from a's snapshot, the snapshot.
+    runner.state_pool = StatePool(runner.state_specs, 4) if recurrent else None
     none = RowSampling((), (), (), ())
     try:
+        snap = ((PAGE, 3),) if recurrent else ()
         first = StepPlan(
-            1, (Segment("a", 0, 8, tuple(a[:8]), pages_a, state_slot=0),), (), (), none
-        )
-        runner.forward(first, mx.array(a[:8], dtype=mx.int32), [7])
-        second = StepPlan(
-            2,
-            (
-                Segment("a", 8, 1, (a[8],), pages_a, state_slot=0),
-                Segment("b", 0, 5, tuple(b), pages_b, state_slot=1),
-            ),
+            1,
+            (Segment("a", 0, 8, tuple(a[:8]), pages_a, state_slot=0, snapshots=snap),),
             (),
             (),
             none,
         )
-        got = runner.forward(second, mx.array([a[8], *b], dtype=mx.int32), [0, 5])
-        want = mx.stack([_reference(model, a), _reference(model, b)])
+        runner.forward(first, mx.array(a[:8], dtype=mx.int32), [7])
+        segs = [
+            Segment("a", 8, 1, (a[8],), pages_a, state_slot=0),
+            Segment("b", 0, 5, tuple(b), pages_b, state_slot=1),
+        ]
+        if recurrent:  # a hit on a's first page and its state there
+            c = tuple(a[PAGE:])
+            segs.append(Segment("c", PAGE, len(c), c, (0, 5, 6), state_slot=2, state_src=3))
+        second = StepPlan(2, tuple(segs), (), (), none)
+        inputs = [a[8], *b, *(a[PAGE:] if recurrent else [])]
+        head = [0, 5, *([len(inputs) - 1] if recurrent else [])]
+        got = runner.forward(second, mx.array(inputs, dtype=mx.int32), head)
+        want = [_reference(model, a), _reference(model, b)]
+        want = mx.stack(want + want[:1] if recurrent else want)
         got_lp, want_lp = _logprobs(got), _logprobs(want)
         diff = mx.max(mx.abs(got_lp - want_lp)).item()
         spread = max(mx.std(want_lp).item(), 1e-6)

@@ -138,3 +138,48 @@ class FakeRunner:
         self._unfinalized.clear()
         self.slots = [None] * (self.num_pages * self.page_size)
         self.resets += 1
+
+
+@dataclass
+class FakeRecurrentRunner(FakeRunner):
+    """A fake of a model with recurrent layers: besides the paged "KV", each state slot holds
+    the tokens its sequence has consumed (a state is a fold over them). A segment reads its
+    state from its hit's snapshot or its own slot (nothing at position 0), which must be
+    exactly its history so far, appends its inputs, copies the state to its snapshot slots at
+    their positions and writes it back; a sample is checked against the pages too. So a
+    snapshot at the wrong position, a stale or reused slot, or a state advanced by a step it
+    was not in changes or trips the tokens."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.states: dict[int, tuple[int, ...]] = {}
+        self.snapshots_taken = 0
+        self.snapshot_reads = 0
+
+    def launch(
+        self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
+    ) -> FakeHandle:
+        handle = super().launch(plan, parent, masks)
+        p = self.page_size
+        for seg in plan.segments:
+            assert seg.state_slot >= 0, "a recurrent row without a slot"
+            if seg.start == 0:
+                state: tuple[int, ...] = ()
+            else:
+                src = seg.state_src if seg.state_src >= 0 else seg.state_slot
+                self.snapshot_reads += seg.state_src >= 0
+                state = self.states.get(src, ())
+            assert len(state) == seg.start, f"{seg.request_id}: state at {len(state)}"
+            history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(seg.end)]
+            assert state == tuple(history[: seg.start]), f"{seg.request_id}: state != its KV"
+            state += tuple(history[seg.start :])  # type: ignore[arg-type]
+            for pos, slot in seg.snapshots:
+                assert seg.start < pos <= seg.end and pos % p == 0
+                self.states[slot] = state[:pos]
+                self.snapshots_taken += 1
+            self.states[seg.state_slot] = state
+        return handle
+
+    def reset(self) -> None:
+        super().reset()
+        self.states = {}

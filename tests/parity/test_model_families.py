@@ -56,9 +56,8 @@ def test_staggered_requests_match_mlx_lm_overlap_on_and_off(family_model_dir, mo
         family_model_dir(model_type), model_type, max_num_batched_tokens=64, kv_page_size=4
     )
     for llm in llms:
-        # No prefix hits on recurrent state yet (a state cannot be rewound to a prefix).
-        hits = llm.engine.scheduler.stats.hit_tokens
-        assert (hits > 0) == (model_type not in RECURRENT)
+        # Recurrent models hit too: they resume from the cached states (snapshots).
+        assert llm.engine.scheduler.stats.hit_tokens > 0
 
 
 @pytest.mark.parametrize("model_type", TYPES)
@@ -108,10 +107,31 @@ def test_prefix_hits_inside_a_window_match_cold_runs(family_model_dir, model_typ
     for p, sp, g, w in zip(prompts, params, got, want, strict=True):
         assert g.token_ids == w.token_ids == reference(path, p, sp.max_tokens)
     hits = warm.engine.scheduler.stats.hit_tokens
-    if model_type in RECURRENT:
-        assert hits == 0
-    else:
-        assert hits >= len(turn1) - 1
+    assert hits >= len(turn1) - 1
+
+
+@pytest.mark.parametrize("model_type", RECURRENT)
+def test_recurrent_hits_resume_from_cached_states(family_model_dir, model_type):
+    """A hybrid or recurrent model's hits resume from a cached state: a finished turn's last
+    decode page boundary (the next turn), a repeated prompt's last page boundary, a chunk's
+    end, and where two prompts part (kept by the first, read by the second); cached_tokens
+    says what was reused and every output equals mlx-lm's."""
+    path = family_model_dir(model_type)
+    llm = LLM(str(path), max_num_batched_tokens=16, kv_page_size=4, check_invariants=True)
+    rng = random.Random(3)
+    turn1 = [rng.randrange(3, 400) for _ in range(29)]
+    out1 = llm.generate([turn1], greedy(15))[0]
+    turn2 = turn1 + out1.token_ids + [9, 10, 11]
+    cases = [
+        (turn2, 40),  # 43 positions computed in turn 1: its state at 40
+        (turn1, 28),
+        (turn1[:22] + [401], 16),
+        (turn1[:22] + [402, 403], 20),
+    ]
+    for prompt, cached in cases:
+        out = llm.generate([prompt], greedy(8))[0]
+        assert out.token_ids == reference(path, prompt, 8)
+        assert out.cached_tokens == cached, (len(prompt), out.cached_tokens)
 
 
 def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
