@@ -80,6 +80,7 @@ def _engine_config(args: argparse.Namespace):
         kv_page_size=args.kv_page_size,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
+        state_snapshots=args.state_snapshots,
     )
 
 
@@ -139,6 +140,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         "--no-prefix-cache",
         action="store_true",
         help="recompute every prompt (no radix prefix cache)",
+    )
+    p.add_argument(
+        "--state-snapshots",
+        type=int,
+        help="models with recurrent layers: states the prefix cache keeps (default: "
+        "--max-num-seqs, within a quarter of the KV memory; 0: no prefix cache for them)",
     )
     p.add_argument(
         "--debug-invariants",

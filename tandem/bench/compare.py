@@ -9,6 +9,9 @@ Every run sends fresh prompts, the same ones to both servers, so no server answe
 has already cached. ``random`` prompts are distinct random text. ``shared-prefix`` draws its
 prefixes from one fixed pool of ``--num-prefixes`` (the warm-up touches each of them on both
 servers) plus a fresh suffix per request: it measures serving with hot shared prefixes.
+``multi-turn`` conversations of ``--num-turns`` user messages each resend the whole history
+(prompt text plus the answers so far): per turn, the TTFT and the prompt share the server
+reports as cached.
 
     tandem bench compare --model DIR --out docs/benchmarks/cpu-tiny
     tandem bench compare --replot docs/benchmarks/cpu-tiny   # table.md + PNGs from results.json
@@ -50,7 +53,7 @@ from tandem.runner.blas import CANDIDATES as BLAS_CANDIDATES
 from tandem.testing.live_server import free_port
 
 SERVERS = ("tandem", "mlx_lm")
-DATASETS = ("random", "shared-prefix")
+DATASETS = ("random", "shared-prefix", "multi-turn")
 METRICS = (
     ("output_throughput", "output tok/s"),
     ("ttft_ms", "TTFT median (ms)"),
@@ -223,6 +226,7 @@ class Prompts:
         self.maker = maker
         self.input_len = args.input_len
         self.output_len = args.output_len
+        self.num_turns = args.num_turns
         rng = random.Random(run_seed("prefixes", args.prefix_len))
         self.prefixes = [maker.make(args.prefix_len, rng) for _ in range(args.num_prefixes)]
 
@@ -236,7 +240,12 @@ class Prompts:
             if dataset == "shared-prefix":
                 group = (i + seed) % len(self.prefixes)
                 text = self.prefixes[group] + text
-            specs.append(RequestSpec(text, out_len, self.maker.length(text), group=group))
+            turns = []
+            if dataset == "multi-turn":
+                turns = [self.maker.make(self.input_len, rng) for _ in range(self.num_turns - 1)]
+            specs.append(
+                RequestSpec(text, out_len, self.maker.length(text), group=group, turns=turns)
+            )
         rng.shuffle(specs)
         return specs
 
@@ -319,12 +328,13 @@ def run_summary(m: dict[str, Any], rep: int, position: int) -> dict[str, Any]:
         "failed": m["failed"],
         "errors": m["errors"],
         "short_outputs": m["outputs_with_unexpected_length"],
+        "per_turn": m.get("per_turn"),
     }
 
 
 def point_summary(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
     med = statistics.median
-    return {
+    out = {
         "output_throughput": med(r["output_throughput"] for r in runs),
         "ttft_ms": med(r["ttft_ms"] for r in runs),
         "tpot_ms": med(r["tpot_ms"] for r in runs),
@@ -333,6 +343,20 @@ def point_summary(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
         "num_prompts": n,
         "runs": runs,
     }
+    turns = [r["per_turn"] for r in runs if r.get("per_turn")]
+    if turns:  # per turn: medians over the repeats
+        out["per_turn"] = [
+            {
+                "turn": ts[0]["turn"],
+                "ttft_ms": med(t["ttft_ms_median"] for t in ts),
+                "prompt_tokens": med(t["prompt_tokens_mean"] for t in ts),
+                "cached_share": med(s)
+                if (s := [t["cached_share"] for t in ts if t["cached_share"] is not None])
+                else None,
+            }
+            for ts in zip(*turns, strict=False)
+        ]
+    return out
 
 
 def ordered(servers: list[Server], rep: int) -> list[Server]:
@@ -416,10 +440,35 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         for key, p in results[s].items()
         if p.get("failed") or p.get("short_outputs")
     ]
+    text = _table(results) + _turn_table(results)
     if not notes:
-        return _table(results)
+        return text
+    return text + "\nRequests lost or cut short (all repeats):\n" + "\n".join(notes) + "\n"
+
+
+def _turn_table(results: dict[str, dict[str, Any]]) -> str:
+    """Multi-turn points, by turn: each server's median TTFT and reported cached share."""
+    servers = _present(results)
+    rows = []
+    for key in _keys(results):
+        per = {s: results[s][key].get("per_turn") or [] for s in servers}
+        for i in range(max((len(p) for p in per.values()), default=0)):
+            cells = []
+            for s in servers:
+                t = per[s][i] if i < len(per[s]) else None
+                share = t and t["cached_share"]
+                cells.append(f"{t['ttft_ms']:.1f}" if t else "-")
+                cells.append(f"{100 * share:.0f}%" if share is not None and t else "-")
+            prompt = next((per[s][i]["prompt_tokens"] for s in servers if i < len(per[s])), 0)
+            rows.append(f"| {key} | {i + 1} | {prompt:.0f} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    head = " | ".join(f"TTFT ms {s} | cached {s}" for s in servers)
+    sep = "|---:" * (2 * len(servers))
     return (
-        _table(results) + "\nRequests lost or cut short (all repeats):\n" + "\n".join(notes) + "\n"
+        f"\n| multi-turn point | turn | prompt tokens | {head} |\n|---|---:|---:{sep}|\n"
+        + "\n".join(rows)
+        + "\n"
     )
 
 
@@ -556,7 +605,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for results.json, table.md, PNGs and server logs")
     p.add_argument("--servers", default=",".join(SERVERS), help="tandem,mlx_lm or a subset")
     p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--datasets", default="random,shared-prefix", help=",".join(DATASETS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--input-len", type=int, default=128, help="prompt (or suffix) tokens")
     p.add_argument("--output-len", type=int, default=64)
@@ -569,6 +618,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests per run = max(--min-prompts, ceil(this x concurrency)); at least 2",
     )
     p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--num-turns", type=int, default=4, help="multi-turn: turns per conversation")
     p.add_argument(
         "--tandem-args",
         default="",

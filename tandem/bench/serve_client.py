@@ -49,8 +49,12 @@ async def stream_request(
                     rec.error = "stream error"
                     return rec, ""
                 if chunk.get("usage"):
-                    rec.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
-                    rec.output_tokens = chunk["usage"].get("completion_tokens", 0)
+                    usage = chunk["usage"]
+                    rec.prompt_tokens = usage.get("prompt_tokens", 0)
+                    rec.output_tokens = usage.get("completion_tokens", 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        rec.cached_tokens = details["cached_tokens"]
                 for c in chunk.get("choices") or []:
                     piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
                     # A finish chunk counts only if nothing came before (all-empty text,
@@ -117,12 +121,13 @@ async def run(
         async with sem:
             history: list[dict[str, str]] = []
             prompt = ""
-            for user in [spec.prompt, *spec.turns]:
+            for turn, user in enumerate([spec.prompt, *spec.turns]):
                 history.append({"role": "user", "content": user})
                 prompt += user
                 rec, text = await stream_request(
                     client, url, body_for(history, prompt, spec.output_len), headers
                 )
+                rec.turn = turn
                 rec.expected_output_tokens = spec.output_len if ignore_eos else None
                 records.append(rec)
                 bar.update(1)
@@ -344,6 +349,13 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(
             f"{name + ' (ms) mean/median/p99':<34}{s['mean'] * 1e3:.2f} / "
             f"{s['median'] * 1e3:.2f} / {s['p99'] * 1e3:.2f}"
+        )
+    for t in r.get("per_turn", ()):
+        share = t["cached_share"]
+        cached = f"{100 * share:.0f}% of prompt cached" if share is not None else "no cache report"
+        lines.append(
+            f"{'turn ' + str(t['turn']) + ' TTFT median (ms)':<34}{t['ttft_ms_median']:.2f}  "
+            f"({t['prompt_tokens_mean']:.0f} prompt tokens, {cached})"
         )
     if r["outputs_with_unexpected_length"]:
         lines.append(

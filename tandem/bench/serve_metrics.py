@@ -19,6 +19,8 @@ class RequestRecord:
     latency: float = 0.0
     chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
     error: str = ""
+    turn: int = 0  # multi-turn: which turn of its conversation (0: the first)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, if sent
 
     @property
     def tpot(self) -> float | None:
@@ -97,6 +99,29 @@ def compute(records: list[RequestRecord], duration: float, slo: SLO | None = Non
         "e2e_latency_s": summary([r.latency for r in ok]),
         "outputs_with_unexpected_length": len(short),
     }
+    if any(r.turn for r in ok):
+        result["per_turn"] = per_turn(ok)
     if slo is not None:
         result["goodput"] = sum(slo.met(r) for r in records) / duration if duration else math.nan
     return result
+
+
+def per_turn(records: list[RequestRecord]) -> list[dict]:
+    """Multi-turn conversations, by turn: prompt tokens and the share the server reported
+    as read from its prefix cache (None: it reports none), and the median TTFT."""
+    out = []
+    for turn in sorted({r.turn for r in records}):
+        rs = [r for r in records if r.turn == turn]
+        cached = [r.cached_tokens for r in rs if r.cached_tokens is not None]
+        prompt = sum(r.prompt_tokens for r in rs)
+        out.append(
+            {
+                "turn": turn + 1,
+                "requests": len(rs),
+                "prompt_tokens_mean": prompt / len(rs),
+                "cached_tokens_mean": sum(cached) / len(cached) if cached else None,
+                "cached_share": sum(cached) / prompt if cached and prompt else None,
+                "ttft_ms_median": percentile([r.ttft for r in rs], 50) * 1e3,
+            }
+        )
+    return out

@@ -30,7 +30,7 @@ def test_every_run_has_at_least_two_requests_per_stream():
 
 def test_prompts_are_fresh_per_run_and_share_a_fixed_prefix_pool(tiny_model_dir):
     maker = TextMaker(Tokenizer.load(tiny_model_dir("llama")))
-    args = SimpleNamespace(input_len=12, output_len=5, prefix_len=40, num_prefixes=3)
+    args = SimpleNamespace(input_len=12, output_len=5, prefix_len=40, num_prefixes=3, num_turns=3)
     prompts = compare.Prompts(maker, args)
     a = prompts.specs("random", 6, seed=1)
     assert [s.prompt for s in a] == [s.prompt for s in prompts.specs("random", 6, seed=1)]
@@ -42,6 +42,8 @@ def test_prompts_are_fresh_per_run_and_share_a_fixed_prefix_pool(tiny_model_dir)
         assert s.prompt.startswith(prompts.prefixes[s.group])
     assert len({s.prompt for s in shared}) == 12  # suffixes are fresh
     assert sorted({s.group for s in shared}) == [0, 1, 2]
+    turns = prompts.specs("multi-turn", 4, seed=5)
+    assert all(len(s.turns) == 2 and s.turns[0] != s.turns[1] for s in turns)
 
 
 def _point(throughputs: list[float]) -> dict:
@@ -122,6 +124,32 @@ def test_live_sweep_alternates_both_servers_and_stops_them(tmp_path, tiny_model_
     rows = [r for r in (out / "table.md").read_text().splitlines() if r.startswith("| ")]
     assert len(rows) == 1 + len(keys)
     assert (out / "logs" / "tandem.log").exists() and (out / "logs" / "mlx_lm.log").exists()
+    assert not _servers_left(out)
+
+
+def test_multi_turn_sweep_reports_cached_prompt_share_and_ttft_per_turn(tmp_path, tiny_model_dir):
+    args = _args(
+        tmp_path,
+        tiny_model_dir("llama"),
+        datasets="multi-turn",
+        num_turns="3",
+        concurrency="2",
+        input_len="40",
+        servers="tandem",
+    )
+    assert compare.main(args) == 0
+    out = tmp_path / "out"
+    point = json.loads((out / "results.json").read_text())["results"]["tandem"]["multi-turn/c2"]
+    assert point["failed"] == 0
+    turns = point["per_turn"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    # Every later turn resends the conversation: most of it comes from the prefix cache.
+    assert turns[0]["cached_share"] == 0
+    assert all(t["cached_share"] > 0.3 for t in turns[1:]), turns
+    assert turns[2]["prompt_tokens"] > turns[1]["prompt_tokens"] > turns[0]["prompt_tokens"]
+    table = (out / "table.md").read_text()
+    assert "| multi-turn point | turn | prompt tokens | TTFT ms tandem | cached tandem |" in table
+    assert table.count("| multi-turn/c2 | ") == 1 + 3  # the main table, then by turn
     assert not _servers_left(out)
 
 

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Model families on the H200: random-weight real small shapes of a hybrid recurrent model
+# (Qwen3.5 ~2B: Gated DeltaNet + attention every 4th layer) and a sliding-window model
+# (Gemma 3 1B: windows of 512, a global layer every 6th), bf16. Results as JSON/markdown
+# under $OUT.
+#
+# Stage once here:   bash scripts/gpu_stage_serving.sh
+# Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
+# Device call 2 (carry .gpu/b):  source .gpu/b/install.sh && PART=offline bash scripts/h200_families.sh
+# Device call 3 (warm machine):  export PYTHONPATH=/tmp/site:$PWD && PART=serve bash scripts/h200_families.sh
+#
+# PART=offline: `tandem bench offline` (B = 1, 16, 64; Tandem vs mlx-lm's generate_step and
+#   batch_generate in one process) for each of SHAPES.
+# PART=serve: `tandem bench compare` vs mlx_lm.server for SERVE_SHAPE: random 256 in / 128
+#   out at 1, 16, 64 streams, then multi-turn conversations (4 turns, TTFT and cached share
+#   per turn).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/h200_out}
+PART=${PART:-offline}
+SHAPES=${SHAPES:-qwen3.5-2b gemma3-1b}
+mkdir -p "$OUT"
+"$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
+if [[ $PART == offline ]]; then
+  for shape in $SHAPES; do
+    timeout 270 "$PY" -m tandem.cli bench offline --shape "$shape" --dtype bfloat16 \
+      --batch-sizes 16,64 --input-len 256 --output-len 128 --single-tokens 128 \
+      --repeats "${REPEATS:-2}" --overlap-batch 0 --json "$OUT/offline-$shape.json" 2>&1 | tail -8
+  done
+fi
+if [[ $PART == serve ]]; then
+  shape=${SERVE_SHAPE:-qwen3.5-2b}
+  SHAPE=$shape DATASETS=random CONC=${CONC:-1,16,64} REPEATS=${REPEATS:-2} \
+    NAME=compare-$shape-random BUDGET_S=${RANDOM_BUDGET_S:-300} bash scripts/h200_compare.sh
+  SHAPE=$shape DATASETS=multi-turn CONC=${TURN_CONC:-8} REPEATS=${REPEATS:-2} \
+    NAME=compare-$shape-multi-turn BUDGET_S=${TURN_BUDGET_S:-200} \
+    bash scripts/h200_compare.sh
+fi
