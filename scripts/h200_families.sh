@@ -23,8 +23,9 @@ SHAPES=${SHAPES:-qwen3.5-2b gemma3-1b}
 mkdir -p "$OUT"
 "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 if [[ $PART == offline ]]; then
+  "$PY" -c "import tandem.runner.gated_delta as g; print('gated delta kernel:', g.available())"
   for shape in $SHAPES; do
-    timeout 270 "$PY" -m tandem.cli bench offline --shape "$shape" --dtype bfloat16 \
+    timeout 360 "$PY" -m tandem.cli bench offline --shape "$shape" --dtype bfloat16 \
       --batch-sizes 16,64 --input-len 256 --output-len 128 --single-tokens 128 \
       --repeats "${REPEATS:-2}" --overlap-batch 0 --json "$OUT/offline-$shape.json" 2>&1 | tail -8
   done

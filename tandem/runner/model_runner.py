@@ -13,7 +13,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import Segment, StepPlan, StepResult
-from tandem.runner import attention, kernels, layers, verify
+from tandem.runner import attention, gated_delta, kernels, layers, verify
 from tandem.runner.paged import PagedCache, PagePool
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
@@ -84,6 +84,7 @@ class ModelRunner:
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
+        gated_delta.install(model)
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
                 model, model_type, layout
@@ -285,16 +286,17 @@ class ModelRunner:
 
         caches, _, _ = layers.build_caches(self.layout, attn, state)
         head_rows = mx.array(rows, dtype=mx.int32)
-        if self.selector is not None:
-            self.selector.select(head_rows, sequence=ctx.sequence)
-            try:
-                logits = self.model(inputs, cache=caches)[:, 0, :]
-            finally:
-                self.selector.select(None)
-        elif ctx.sequence:
-            logits = self.model(inputs, cache=caches)[0, head_rows, :]
-        else:
-            logits = self.model(inputs, cache=caches)[head_rows, 0, :]
+        with gated_delta.active():
+            if self.selector is not None:
+                self.selector.select(head_rows, sequence=ctx.sequence)
+                try:
+                    logits = self.model(inputs, cache=caches)[:, 0, :]
+                finally:
+                    self.selector.select(None)
+            elif ctx.sequence:
+                logits = self.model(inputs, cache=caches)[0, head_rows, :]
+            else:
+                logits = self.model(inputs, cache=caches)[head_rows, 0, :]
         for c in states or ():
             c.write_back()
         return logits

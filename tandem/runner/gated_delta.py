@@ -1,0 +1,226 @@
+"""The gated delta rule (Gated DeltaNet layers: Qwen3-Next, Qwen3.5, Kimi Linear, ...) as one
+CUDA kernel.
+
+mlx-lm runs the recurrence as a Metal kernel on Apple GPUs and otherwise as MLX ops in a Python
+loop over the sequence: about ten kernels per token per layer, so on MLX's CUDA backend a
+prefill chunk of n tokens costs ~10 n launches per layer (host-bound: a 256-token chunk of a
+24-layer hybrid launches ~45k kernels). Here one warp owns one row (batch, value head, value
+dim) of the (Dv, Dk) state, each lane Dk / 32 of its columns in registers, and walks the
+chunk's tokens in order: decay, read out k, the delta update, read out q, with two warp
+reductions per token. State stays float32 as in mlx-lm.
+
+``install(model)`` puts ``update`` at the ``gated_delta_update`` seam of every mlx-lm module
+the model's layers come from, on the CUDA backend only and only after the kernel matched
+mlx-lm's ops on a random case (scalar and per-key gating). It is used only inside Tandem's
+own model calls (``active()``): mlx-lm's code in the same process (a benchmark's baseline)
+keeps its own path, and so does anything the kernel does not handle (a padding mask, key
+dims not a multiple of 32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import gated_delta as mlx_gd
+
+log = logging.getLogger("tandem")
+
+SEAM = "gated_delta_update"
+
+_BODY = """
+    const int E = DK / 32;
+    const int B = dims[0];
+    const int TT = dims[1];
+    int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= B * HV * DV) return;
+    int dv = w % DV;
+    int h = (w / DV) % HV;
+    int b = w / (DV * HV);
+    int hk = h / (HV / HK);
+    size_t srow = (((size_t)b * HV + h) * DV + dv) * DK;
+    float s[E];
+    for (int e = 0; e < E; ++e) s[e] = state_in[srow + lane + 32 * e];
+    for (int t = 0; t < TT; ++t) {
+        size_t qk = (((size_t)b * TT + t) * HK + hk) * DK;
+        size_t bh = ((size_t)b * TT + t) * HV + h;
+        float gs = GVEC ? 0.0f : static_cast<float>(g[bh]);
+        float kv = 0.0f;
+        for (int e = 0; e < E; ++e) {
+            int i = lane + 32 * e;
+            float decay = GVEC ? static_cast<float>(g[bh * DK + i]) : gs;
+            s[e] *= decay;
+            kv += s[e] * static_cast<float>(k[qk + i]);
+        }
+        for (int off = 16; off > 0; off /= 2) kv += __shfl_xor_sync(0xffffffff, kv, off);
+        float delta = (static_cast<float>(v[bh * DV + dv]) - kv) * static_cast<float>(beta[bh]);
+        float yv = 0.0f;
+        for (int e = 0; e < E; ++e) {
+            int i = lane + 32 * e;
+            s[e] += static_cast<float>(k[qk + i]) * delta;
+            yv += s[e] * static_cast<float>(q[qk + i]);
+        }
+        for (int off = 16; off > 0; off /= 2) yv += __shfl_xor_sync(0xffffffff, yv, off);
+        if (lane == 0) y[bh * DV + dv] = static_cast<T>(yv);
+    }
+    for (int e = 0; e < E; ++e) state_out[srow + lane + 32 * e] = s[e];
+"""
+
+_kernel: list = []
+_checked: dict[str, bool] = {}
+_active = [False]
+
+
+@contextlib.contextmanager
+def active() -> Iterator[None]:
+    """Tandem's model call: installed seams use the kernel while this is open."""
+    _active[0] = True
+    try:
+        yield
+    finally:
+        _active[0] = False
+
+
+def _build():
+    if not _kernel:
+        _kernel.append(
+            mx.fast.cuda_kernel(
+                name="tandem_gated_delta",
+                input_names=["q", "k", "v", "g", "beta", "state_in", "dims"],
+                output_names=["y", "state_out"],
+                source=_BODY,
+            )
+        )
+    return _kernel[0]
+
+
+def recurrence(
+    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
+) -> tuple[mx.array, mx.array]:
+    """q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g (B, T, Hv) or (B, T, Hv, Dk); beta (B, T, Hv);
+    state (B, Hv, Dv, Dk) -> y (B, T, Hv, Dv) in q's dtype, the new state in float32."""
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[-2:]
+    warps = b * hv * dv
+    y, new_state = _build()(
+        inputs=[q, k, v, g, beta, state.astype(mx.float32), mx.array([b, t], dtype=mx.int32)],
+        template=[
+            ("T", q.dtype),
+            ("HK", hk),
+            ("HV", hv),
+            ("DK", dk),
+            ("DV", dv),
+            ("GVEC", int(g.ndim == 4)),
+        ],
+        grid=(-(-warps // 4) * 128, 1, 1),
+        threadgroup=(128, 1, 1),
+        output_shapes=[(b, t, hv, dv), (b, hv, dv, dk)],
+        output_dtypes=[q.dtype, mx.float32],
+    )
+    return y, new_state
+
+
+def update(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    a: mx.array,
+    b: mx.array,
+    A_log: mx.array,  # noqa: N803 - mlx-lm's name
+    dt_bias: mx.array,
+    state: mx.array | None = None,
+    mask: mx.array | None = None,
+    *,
+    use_kernel: bool = True,
+    lower_bound: float | None = None,
+    allow_neg_eigval: bool = False,
+) -> tuple[mx.array, mx.array]:
+    """mlx-lm's ``gated_delta_update`` with the recurrence on the CUDA kernel."""
+    if (
+        not _active[0]
+        or mask is not None
+        or not use_kernel
+        or q.shape[-1] % 32
+        or v.shape[-2] % k.shape[-2]
+    ):
+        return mlx_gd.gated_delta_update(
+            q,
+            k,
+            v,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            state,
+            mask,
+            use_kernel=use_kernel,
+            lower_bound=lower_bound,
+            allow_neg_eigval=allow_neg_eigval,
+        )
+    beta = mx.sigmoid(b)
+    if allow_neg_eigval:
+        beta = beta * 2.0
+    if lower_bound is None:
+        g = mlx_gd.compute_g(A_log, a, dt_bias)
+    else:
+        g = mlx_gd.compute_lower_bound_g(A_log, a, dt_bias, lower_bound)
+    if state is None:
+        bsz, _, _, dk = q.shape
+        hv, dv = v.shape[-2:]
+        state = mx.zeros((bsz, hv, dv, dk), dtype=mx.float32)
+    return recurrence(q, k, v, g, beta, state)
+
+
+def available() -> bool:
+    """On the CUDA backend, once: whether the kernel matches mlx-lm's ops on random cases."""
+    if "ok" not in _checked:
+        ok = False
+        if mx.default_device() == mx.gpu and mx.cuda.is_available():
+            try:
+                ok = all(_check(vec, dtype) for vec in (False, True) for dtype in (mx.float32,))
+            except Exception as e:  # noqa: BLE001 - any failure: mlx-lm's ops are used
+                log.warning("gated delta kernel unavailable (%s: %s)", type(e).__name__, e)
+        _checked["ok"] = ok
+    return _checked["ok"]
+
+
+def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
+    bsz, t, hk, hv, dk, dv = 2, 7, 2, 4, 64, 32
+    keys = mx.random.split(mx.random.key(3), 6)
+    q = mx.random.normal((bsz, t, hk, dk), key=keys[0]).astype(dtype) * 0.3
+    k = mx.random.normal((bsz, t, hk, dk), key=keys[1]).astype(dtype) * 0.3
+    v = mx.random.normal((bsz, t, hv, dv), key=keys[2]).astype(dtype)
+    shape = (bsz, t, hv, dk) if vector_gate else (bsz, t, hv)
+    g = mx.random.uniform(0.5, 1.0, shape, key=keys[3])
+    beta = mx.random.uniform(0.0, 1.0, (bsz, t, hv), key=keys[4])
+    state = mx.random.normal((bsz, hv, dv, dk), key=keys[5])
+    y, s = recurrence(q, k, v, g, beta, state)
+    y_ref, s_ref = mlx_gd.gated_delta_ops(q, k, v, g, beta, state)
+    ok = bool(mx.allclose(y, y_ref, atol=1e-4, rtol=1e-4)) and bool(
+        mx.allclose(s, s_ref, atol=1e-4, rtol=1e-4)
+    )
+    if not ok:
+        err = float(mx.max(mx.abs(y.astype(mx.float32) - y_ref.astype(mx.float32))))
+        log.warning("gated delta kernel disagrees with mlx-lm's ops (%.3g); not used", err)
+    return ok
+
+
+def install(model: nn.Module) -> bool:
+    """Route the model's gated delta recurrences through ``update`` (CUDA only)."""
+    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
+    modules = [
+        sys.modules[n]
+        for n in names
+        if n in sys.modules and getattr(sys.modules[n], SEAM, None) is mlx_gd.gated_delta_update
+    ]
+    if not modules or not available():
+        return False
+    for module in modules:
+        module.__dict__[SEAM] = update
+    log.info("gated delta recurrence: Tandem's CUDA kernel")
+    return True
