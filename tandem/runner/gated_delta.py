@@ -14,13 +14,14 @@ the model's layers come from, on the CUDA backend only and only after the kernel
 mlx-lm's ops on a random case (scalar and per-key gating). It is used only inside Tandem's
 own model calls (``active()``): mlx-lm's code in the same process (a benchmark's baseline)
 keeps its own path, and so does anything the kernel does not handle (a padding mask, key
-dims not a multiple of 32).
+dims not a multiple of 32). ``TANDEM_GATED_DELTA_KERNEL=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 
@@ -180,7 +181,8 @@ def available() -> bool:
     """On the CUDA backend, once: whether the kernel matches mlx-lm's ops on random cases."""
     if "ok" not in _checked:
         ok = False
-        if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        off = os.environ.get("TANDEM_GATED_DELTA_KERNEL") == "0"
+        if not off and mx.default_device() == mx.gpu and mx.cuda.is_available():
             try:
                 ok = all(_check(vec, dtype) for vec in (False, True) for dtype in (mx.float32,))
             except Exception as e:  # noqa: BLE001 - any failure: mlx-lm's ops are used

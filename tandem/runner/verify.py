@@ -29,9 +29,11 @@ PAGE = 4
 # Largest |difference| of log-probabilities, over the reference's spread, taken as agreement:
 # another summation order stays far below (float32 on the CPU: < 1e-4; on the H200's CUDA
 # backend up to 0.006, its float32 matmuls round differently); every wrong path seen was
-# above 1 (KV shared across layers: 1.6).
+# above 1 (KV shared across layers: 1.6). In half precision every reordering rounds again:
+# a random Qwen3.5-2B shape in bfloat16 on the H200 read 0.21 with the CUDA gated delta
+# kernel (float32 arithmetic in a different order than mlx-lm's ops).
 TOLERANCE = {mx.float32: 0.05}
-HALF_TOLERANCE = 0.2
+HALF_TOLERANCE = 0.5
 
 
 def _reference(model, tokens: list[int]) -> mx.array:
