@@ -33,8 +33,9 @@ for dtype in (mx.float32, mx.bfloat16):
                 mx.eval(fn())
             return (time.perf_counter() - t0) / 5 * 1e3
 
-        tk = timed(lambda: gd.recurrence(q, k, v, g, beta, s0))
-        to = timed(lambda: mlx_gd.gated_delta_ops(q, k, v, g, beta, s0))
+        args = (q, k, v, g, beta, s0)
+        tk = timed(lambda args=args: gd.recurrence(*args))
+        to = timed(lambda args=args: mlx_gd.gated_delta_ops(*args))
         print(
             f"{dtype} B={b} T={t}: max|dy| {dy:.3g} (|y| {mag:.3g}) max|dstate| {ds:.3g};"
             f" kernel {tk:.2f} ms, ops {to:.2f} ms"
