@@ -57,11 +57,12 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     memory = kv_memory_bytes(config.kv_memory_fraction)
     snapshots = 0
     if state_slots and config.prefix_cache:
-        # Snapshot slots of states for the prefix cache: as many as running requests, in at
-        # most a quarter of the KV memory, unless set.
+        # Snapshot slots of states for the prefix cache, unless set: each running request's
+        # checkpoint and as many cached states again, in at most a quarter of the KV memory.
         snapshots = config.state_snapshots
         if snapshots is None:
-            snapshots = min(config.max_num_seqs, int(memory // 4 // runner.state_bytes_per_seq))
+            cap = int(memory // 4 // runner.state_bytes_per_seq)
+            snapshots = min(2 * config.max_num_seqs, cap)
     # More than every sequence at full length (twice, with the prefix cache) is unused.
     seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
     if config.kv_budget_tokens:

@@ -27,7 +27,7 @@ class EngineConfig:
     kv_decode_kernel: bool | None = None
     prefix_cache: bool = True
     # Models with recurrent layers: states the prefix cache keeps (a hit resumes from one;
-    # None: max_num_seqs within a quarter of the KV memory; 0: no prefix cache for them).
+    # None: 2 x max_num_seqs within a quarter of the KV memory; 0: no prefix cache for them).
     state_snapshots: int | None = None
     check_invariants: bool = False
     seed: int | None = None
