@@ -1,22 +1,53 @@
-"""Where a decode step's time goes: graph build, submission (async_eval), waiting.
+"""Where a decode step's time goes, phase by phase, and how many graph nodes it submits.
 
-    python -m tandem.bench.step_profile --shape qwen3-0.6b --dtype bfloat16 --batch 1,64,256
+    python -m tandem.bench.step_profile --shape qwen3-0.6b --dtype bfloat16 --batch 1,16,64
 
-Runs B equal prompts through the engine, then reports per-step medians over the steady
-decode phase, overlap on and off.
+Runs B equal prompts through the engine and times every phase of each steady decode step
+(the loop's steps whose launched plan holds only B single-token segments), overlap on and off:
+
+- ``schedule``: ``Scheduler.schedule`` (admission, pages, the frozen plan);
+- ``build``: ``ModelRunner.launch`` without its submission (inputs, step layout, the model's
+  lazy graph, sampling);
+- ``submit``: ``mx.async_eval`` of the step's outputs;
+- ``wait``: ``ModelRunner.finalize`` (blocking on the tokens, then plain Python values);
+- ``update``: ``Scheduler.update`` (tokens appended, stops, late release, outputs);
+- ``other``: the rest of the loop's step (invariant checks off; outputs handed back);
+- ``step``: the whole ``loop.step()``, and ``nodes``: primitives in one decode step's graph
+  (``mx.export_to_dot``, counted once with overlap off: roughly the kernels it launches).
+
+With overlap on, ``wait`` is what the host could not hide behind the device.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+PHASES = ("schedule", "build", "submit", "wait", "update", "other", "step")
+
+
+def _count_nodes(arrays) -> int:
+    import mlx.core as mx
+
+    f = io.StringIO()
+    mx.export_to_dot(f, *arrays)
+    return f.getvalue().count("shape=rectangle")
 
 
 def profile(
-    path: Path, batch: int, in_len: int, steps: int, overlap: bool, double_buffer: bool | None
+    path: Path,
+    batch: int,
+    in_len: int,
+    steps: int,
+    overlap: bool,
+    double_buffer: bool | None = None,
+    count_nodes: bool = False,
 ) -> dict[str, float]:
     import tandem.runner.model_runner as mr
     from tandem import LLM, SamplingParams
@@ -24,33 +55,65 @@ def profile(
     llm = LLM(
         str(path), overlap=overlap, max_num_seqs=max(batch, 8), kv_double_buffer=double_buffer
     )
-    runner = llm.engine.loop.runner
-    rec: dict[str, list[float]] = {"build": [], "submit": [], "wait": [], "step": []}
-    real_async_eval, real_launch, real_finalize = mr.mx.async_eval, runner.launch, runner.finalize
-    t_sub = [0.0]
+    loop = llm.engine.loop
+    runner, sched = loop.runner, loop.scheduler
+    cur: dict[str, float] = {}
+    steady = [False]  # the step's launched plan is B single-token segments
+    nodes: list[int] = []
+    rec: dict[str, list[float]] = {k: [] for k in PHASES}
+
+    def timed(name: str, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                cur[name] = cur.get(name, 0.0) + time.perf_counter() - t
+
+        return wrapper
+
+    real = {
+        "schedule": sched.schedule,
+        "launch": runner.launch,
+        "finalize": runner.finalize,
+        "update": sched.update,
+        "async_eval": mr.mx.async_eval,
+        "step": loop.step,
+    }
 
     def async_eval(*arrays):
+        if count_nodes and steady[0] and not nodes:
+            nodes.append(_count_nodes(arrays))
         t = time.perf_counter()
-        real_async_eval(*arrays)
-        t_sub[0] += time.perf_counter() - t
+        real["async_eval"](*arrays)
+        cur["submit"] = cur.get("submit", 0.0) + time.perf_counter() - t
 
-    def launch(plan, parent):
-        t_sub[0] = 0.0
+    def launch(plan, parent, masks=None):
+        steady[0] = len(plan.segments) == batch and all(s.num_tokens == 1 for s in plan.segments)
         t = time.perf_counter()
-        h = real_launch(plan, parent)
-        if not plan.chunks:
-            rec["submit"].append(t_sub[0])
-            rec["build"].append(time.perf_counter() - t - t_sub[0])
+        submit0 = cur.get("submit", 0.0)
+        h = real["launch"](plan, parent, masks)
+        spent = time.perf_counter() - t
+        cur["build"] = cur.get("build", 0.0) + spent - (cur.get("submit", 0.0) - submit0)
+        cur["steady"] = cur.get("steady", 1.0) * steady[0]
         return h
 
-    def finalize(h):
+    def step():
+        cur.clear()
         t = time.perf_counter()
-        r = real_finalize(h)
-        if not h.plan.chunks:
-            rec["wait"].append(time.perf_counter() - t)
-        return r
+        out = real["step"]()
+        total = time.perf_counter() - t
+        if cur.get("steady"):
+            for k in PHASES[:5]:
+                rec[k].append(cur.get(k, 0.0))
+            rec["other"].append(total - sum(cur.get(k, 0.0) for k in PHASES[:5]))
+            rec["step"].append(total)
+        return out
 
-    mr.mx.async_eval, runner.launch, runner.finalize = async_eval, launch, finalize
+    sched.schedule = timed("schedule", real["schedule"])
+    runner.finalize = timed("wait", real["finalize"])
+    sched.update = timed("update", real["update"])
+    runner.launch, loop.step, mr.mx.async_eval = launch, step, async_eval
     try:
         prompts = [[10 + (i * 7 + j) % 400 for j in range(in_len)] for i in range(batch)]
         sp = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
@@ -61,37 +124,48 @@ def profile(
         llm.generate(prompts, sp)
         total = time.perf_counter() - t
     finally:
-        mr.mx.async_eval = real_async_eval
-    out = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
+        mr.mx.async_eval = real["async_eval"]
+    out: dict[str, float] = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
+    out["steady_steps"] = len(rec["step"])
     out["tok_s"] = batch * steps / total
+    if nodes:
+        out["nodes"] = nodes[0]
     return out
 
 
-def main() -> None:
-    import tandem.runner  # noqa: F401
-    from tandem.bench.offline import make_model
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
+    from tandem.bench.offline import RANDOM_SHAPES, make_model
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="tiny")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="model directory (default: a random-weight --shape)")
+    p.add_argument("--shape", choices=RANDOM_SHAPES, default="tiny")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", default="1,64")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=128)
     p.add_argument(
-        "--single-buffer-too",
-        action="store_true",
-        help="also run overlap on with one KV buffer set",
+        "--single-buffer-too", action="store_true", help="also overlap on with one KV buffer set"
     )
-    a = p.parse_args()
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args(argv)
+    results: dict[str, Any] = {"model": a.model or f"random {a.shape} ({a.dtype})", "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_model(a.shape, a.dtype, Path(tmp))
+        path = Path(a.model) if a.model else make_model(a.shape, a.dtype, Path(tmp))
         for b in [int(x) for x in a.batch.split(",")]:
-            modes = [(True, None), (False, None)] + ([(True, False)] if a.single_buffer_too else [])
+            modes = [(False, None), (True, None)]
+            modes += [(True, False)] if a.single_buffer_too else []
             for overlap, double in modes:
-                r = profile(path, b, a.input_len, a.steps, overlap, double)
-                cells = "  ".join(f"{k}={v:.2f}" for k, v in r.items())
+                r = profile(path, b, a.input_len, a.steps, overlap, double, not overlap)
                 name = ("on " if overlap else "off") + (" 1buf" if double is False else "")
+                results["runs"].append({"batch": b, "overlap": name.strip(), **r})
+                cells = "  ".join(f"{k}={r[k]:.2f}" for k in (*PHASES, "tok_s") if k in r) + (
+                    f"  nodes={r['nodes']}" if "nodes" in r else ""
+                )
                 print(f"B={b:<4} overlap={name} ms/step: {cells}", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+    return results
 
 
 if __name__ == "__main__":
