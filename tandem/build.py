@@ -63,8 +63,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         if snapshots is None:
             cap = int(memory // 4 // runner.state_bytes_per_seq)
             snapshots = min(2 * config.max_num_seqs, cap)
-    # More than every sequence at full length (twice, with the prefix cache) is unused.
-    seqs = config.max_num_seqs * (2 if config.prefix_cache else 1)
+    # More than every sequence at full length (twice, with the prefix cache) is unused; a
+    # recurrent model has a prefix cache only with snapshot slots.
+    cached = config.prefix_cache and (snapshots > 0 or not state_slots)
+    seqs = config.max_num_seqs * (2 if cached else 1)
     if config.kv_budget_tokens:
         budget = config.kv_budget_tokens
     elif per_token == 0:  # only recurrent layers: pages only count positions

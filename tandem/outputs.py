@@ -22,8 +22,6 @@ class EngineOutput:
     logprobs: tuple[tuple[float, tuple[tuple[int, float], ...]], ...] | None = None
     # On the first output, when asked: one entry per prompt token after the first.
     prompt_logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = None
-    # Prompt tokens whose KV (and recurrent state) came from the prefix cache.
-    cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -82,7 +82,7 @@ def make_model(spec: str, dtype: str, root: Path) -> Path:
         return tm.make_tiny_model(root / "tiny", "llama", dtype=dtype)
     if spec in FAMILY_SHAPES:
         config = FAMILY_SHAPES[spec]
-        return tm._write_model(root / spec, config, 0, dtype, 512)
+        return tm.write_model(root / spec, config, dtype=dtype)
     if spec == "smollm2-135m":
         cfg = {
             "hidden_size": 576,

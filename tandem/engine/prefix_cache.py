@@ -38,8 +38,9 @@ class Node:
 
 @dataclass(frozen=True)
 class StateHit:
-    """A hit for a model with recurrent layers: the pages up to the deepest snapshot, that
-    snapshot's slot (-1: none, the hit is empty), and the tokens the tree matched in all."""
+    """A prefix-cache hit: its pages, the snapshot a model with recurrent layers resumes from
+    (-1: none; the pages then end at the deepest snapshot, none: the hit is empty), and the
+    tokens the tree matched in all."""
 
     pages: list[int]
     snapshot: int

@@ -276,9 +276,15 @@ class Scheduler:
     def _checkpoint(self, req: Request, end: int) -> tuple[tuple[int, int], ...]:
         """A decode reaching page boundary ``end`` copies its state to the request's
         checkpoint slot (its last one is cached with its pages when it ends)."""
-        if self.kv.snapshots is None or end % self.kv.page_size:
+        snapshots = self.kv.snapshots
+        if snapshots is None or end % self.kv.page_size:
             return ()
         if req.checkpoint < 0:
+            # Checkpoints hold at most half the slots: many long decodes must not leave new
+            # prompts no room to keep their states.
+            held = sum(r.checkpoint >= 0 for r in self.running.values())
+            if 2 * (held + 1) > snapshots.num:
+                return ()
             req.checkpoint = self.kv.new_snapshot()
             if req.checkpoint < 0:
                 return ()
@@ -396,6 +402,9 @@ class Scheduler:
                 self._fail(req, error or "step failed", "resource" if oom else "internal")
             else:
                 self._retract(req, cache=False)
+        if self.kv.snapshots is not None:
+            # Slots a plan that never launched had taken have no holder to give them back.
+            self.kv.snapshots.reset()
 
     def _fail(self, req: Request, error: str, kind: str) -> None:
         self.finish(req, "error", emit=False)

@@ -43,7 +43,8 @@ class Snapshots:
         self.first = first
         self.num = num
         self.refs: dict[int, int] = {}
-        self._free = list(range(first + num - 1, first - 1, -1))
+        self._free: list[int] = []
+        self.reset()
 
     @property
     def num_free(self) -> int:
@@ -67,6 +68,12 @@ class Snapshots:
         if self.refs[slot] == 0:
             del self.refs[slot]
             self._free.append(slot)
+
+    def reset(self) -> None:
+        """Every slot free: after a step failure the pool's states are gone, and so is every
+        holder (the tree is cleared, every request released)."""
+        self.refs = {}
+        self._free = list(range(self.first + self.num - 1, self.first - 1, -1))
 
     def check(self, holders: dict[int, int]) -> None:
         assert self.refs == holders, f"snapshot slot references {self.refs} != {holders}"

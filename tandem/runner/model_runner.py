@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -84,7 +85,7 @@ class ModelRunner:
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
-        gated_delta.install(model)
+        self.own_recurrence = gated_delta.install(model)
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
                 model, model_type, layout
@@ -334,6 +335,7 @@ class ModelRunner:
             assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
             write = slots([seg.state_slot for seg in segs])
             read = None if fresh else slots([_source(seg) for seg in segs])
+            assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
             copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
             copy = (
                 (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
@@ -350,7 +352,7 @@ class ModelRunner:
             write = slots([seg.state_slot])
             snaps = dict(seg.snapshots)
             cuts = [seg.start, *(pos for pos in snaps if pos < seg.end), seg.end]
-            for a, b in zip(cuts, cuts[1:], strict=False):
+            for a, b in itertools.pairwise(cuts):
                 t0 = starts[i] + a - seg.start
                 piece = replace(
                     seg,

@@ -31,9 +31,10 @@ PAGE = 4
 # backend up to 0.006, its float32 matmuls round differently); every wrong path seen was
 # above 1 (KV shared across layers: 1.6). In half precision every reordering rounds again:
 # a random Qwen3.5-2B shape in bfloat16 on the H200 read 0.21 with the CUDA gated delta
-# kernel (float32 arithmetic in a different order than mlx-lm's ops).
+# kernel (float32 arithmetic in a different order than mlx-lm's ops), which gets 0.5.
 TOLERANCE = {mx.float32: 0.05}
-HALF_TOLERANCE = 0.5
+HALF_TOLERANCE = 0.2
+HALF_TOLERANCE_OWN_KERNELS = 0.5
 
 
 def _reference(model, tokens: list[int]) -> mx.array:
@@ -97,7 +98,8 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     finally:
         runner.pool, runner.state_pool = saved
     dtype = runner.specs[0].dtype if runner.specs else mx.float32
-    tol = TOLERANCE.get(dtype, HALF_TOLERANCE)
+    half = HALF_TOLERANCE_OWN_KERNELS if runner.own_recurrence else HALF_TOLERANCE
+    tol = TOLERANCE.get(dtype, half)
     if not diff <= tol * spread:
         raise ValueError(
             f"model type {model_type!r}: Tandem's paged caches disagree with mlx-lm's "

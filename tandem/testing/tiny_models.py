@@ -329,6 +329,14 @@ def _write_model(
     return path
 
 
+def write_model(
+    path: Path, config: dict[str, Any], *, seed: int = 0, dtype: str = "float32"
+) -> Path:
+    """Write a random-weight model of any mlx-lm ``config`` (its ``model_type``; a 512-token
+    BPE tokenizer padded to the vocabulary)."""
+    return _write_model(path, config, seed, dtype, 512)
+
+
 def make_tiny_model(
     path: Path,
     arch: str,

@@ -125,6 +125,32 @@ def test_requests_arriving_together_keep_the_state_where_their_prompts_part(over
     assert all(cached[f"u{i}"] == 300 // P * P for i in range(1, 5)), cached
 
 
+def test_long_decodes_leave_room_for_new_prompts_states():
+    """Checkpoints of running decodes hold at most half the snapshot slots, so a prompt
+    arriving while they run still keeps its state and a later prompt sharing it hits."""
+    engine, runner = engine_for(state_snapshots=4)
+    rng = random.Random(6)
+    for i in range(4):
+        prompt = [rng.randrange(900) for _ in range(9)]
+        params = SamplingParams(max_tokens=200, seed=i, ignore_eos=True)
+        engine.add_request(prompt, params, f"long{i}")
+    for _ in range(20):  # every long one is decoding past several page boundaries
+        engine.step()
+    held = [r.checkpoint for r in engine.scheduler.running.values() if r.checkpoint >= 0]
+    assert len(held) == 2
+    shared = [rng.randrange(900) for _ in range(40)]
+    engine.add_request(shared + [1], SamplingParams(max_tokens=2, seed=9), "a")
+    cached: dict[str, int] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.cached_tokens is not None:
+                cached[out.request_id] = out.cached_tokens
+            if out.request_id == "a" and out.finished:  # the long ones still decode
+                engine.add_request(shared + [2, 3], SamplingParams(max_tokens=2, seed=9), "b")
+        engine.check_invariants()
+    assert cached["a"] == 0 and cached["b"] == 40
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_random_load_with_few_pages_and_snapshots_is_token_exact(overlap):
     """Multi-turn conversations and shared prefixes under page and snapshot pressure (LRU
