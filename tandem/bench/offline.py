@@ -22,7 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-RANDOM_SHAPES = ("qwen3-0.6b", "qwen3-8b", "smollm2-135m", "tiny", "qwen3.5-2b", "gemma3-1b")
+RANDOM_SHAPES = (
+    "qwen3-0.6b",
+    "qwen3-8b",
+    "smollm2-135m",
+    "tiny",
+    "qwen3.5-2b",
+    "qwen3.5-tiny",
+    "gemma3-1b",
+)
 
 # Real small shapes of the model families (random weights): a Qwen3.5 hybrid (Gated DeltaNet
 # layers with a full-attention layer every 4th) near 2B, and Gemma 3 1B (sliding windows of
@@ -72,6 +80,25 @@ FAMILY_SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": True,
     },
+}
+
+
+# The hybrid at a size the 2-core CPU measures (8 layers of width 512; 4096 tokens).
+FAMILY_SHAPES["qwen3.5-tiny"] = {
+    **FAMILY_SHAPES["qwen3.5-2b"],
+    "text_config": {
+        **FAMILY_SHAPES["qwen3.5-2b"]["text_config"],
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 4,
+        "vocab_size": 4096,
+    },
+    "vocab_size": 4096,
 }
 
 
