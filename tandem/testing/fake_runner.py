@@ -29,6 +29,15 @@ def fake_token(seed: int, history: Sequence[int]) -> int:
     return (seed * 7919 + len(history) * 104729 + h * 31 + 17) % VOCAB
 
 
+def fake_tokens(seed: int, prompt: list[int], n: int) -> list[int]:
+    """The ``n`` tokens a request with ``seed`` generates after ``prompt``."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append(fake_token(seed, seq))
+        seq.append(out[-1])
+    return out
+
+
 @dataclass
 class FakeHandle:
     plan: StepPlan

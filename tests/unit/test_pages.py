@@ -11,17 +11,10 @@ from tandem.engine.pages import PageAllocator
 from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.sampling_params import SamplingParams
-from tandem.testing.fake_runner import FakeRunner, fake_token
+from tandem.testing.fake_runner import FakeRunner
+from tandem.testing.fake_runner import fake_tokens as expected
 
 P = 16
-
-
-def expected(seed: int, prompt: list[int], n: int) -> list[int]:
-    seq, out = list(prompt), []
-    for _ in range(n):
-        out.append(fake_token(seed, seq))
-        seq.append(out[-1])
-    return out
 
 
 def engine_for(overlap: bool = True, runner_cls=FakeRunner, **cfg) -> tuple[Engine, FakeRunner]:

@@ -14,17 +14,10 @@ from tandem.engine.prefix_cache import PrefixCache
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.engine.state_slots import Snapshots
 from tandem.sampling_params import SamplingParams
-from tandem.testing.fake_runner import FakeRecurrentRunner, fake_token
+from tandem.testing.fake_runner import FakeRecurrentRunner
+from tandem.testing.fake_runner import fake_tokens as expected
 
 P = 4
-
-
-def expected(seed: int, prompt: list[int], n: int) -> list[int]:
-    seq, out = list(prompt), []
-    for _ in range(n):
-        out.append(fake_token(seed, seq))
-        seq.append(out[-1])
-    return out
 
 
 def engine_for(overlap: bool = True, **cfg) -> tuple[Engine, FakeRecurrentRunner]:
