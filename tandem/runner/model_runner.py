@@ -321,13 +321,28 @@ class ModelRunner:
             return mx.array(values, dtype=mx.int32)
 
         # Single-token segments in one call; those that start a sequence in another that
-        # reads no state (a model may treat an empty cache unlike a zero state).
-        for fresh in (False, True):
-            singles = [
+        # reads no state (a model may treat an empty cache unlike a zero state). The first
+        # call's new states stay resident for a next step of the same rows (runner.state).
+        groups = [
+            [
                 i
                 for i, seg in enumerate(plan.segments)
-                if seg.num_tokens == 1 and (seg.start == 0) == fresh
+                if seg.num_tokens == 1 and fresh == (seg.start == 0)
             ]
+            for fresh in (False, True)
+        ]
+        rows_slots = tuple(plan.segments[i].state_slot for i in groups[0])
+        initial = None
+        if (
+            sp.resident is not None
+            and sp.resident[0] == rows_slots
+            and all(plan.segments[i].state_src < 0 for i in groups[0])
+        ):
+            initial = sp.resident[1]
+            sp.resident = None
+        else:
+            sp.flush()  # before anything of this step reads or writes a slot
+        for fresh, singles in zip((False, True), groups, strict=True):
             if not singles:
                 continue
             segs = [plan.segments[i] for i in singles]
@@ -340,11 +355,25 @@ class ModelRunner:
             copy = (
                 (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
             )
-            states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
+            keep: list | None = None if fresh else [None] * len(sp.specs)
+            states = [
+                StepState(
+                    sp,
+                    j,
+                    write,
+                    read,
+                    copy,
+                    initial=initial[j] if initial is not None and not fresh else None,
+                    keep=keep,
+                )
+                for j in range(len(sp.specs))
+            ]
             rows = [k for k, t0 in enumerate(tok) if t0 in where]
             order += [where[tok[k]] for k in rows]
             x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
             outs.append(self._call(self._context(segs), x[:, None], rows, states))
+            if keep is not None:
+                sp.resident = (rows_slots, keep)
         for i, seg in enumerate(plan.segments):
             if seg.num_tokens == 1:
                 continue

@@ -9,6 +9,12 @@ step, so a request that is not in it never advances. A sequence that starts at p
 reads no state (mlx-lm's own empty cache). Slots past the running ones keep snapshots for
 the prefix cache: a step copies a state there at a page boundary, and a request resuming
 from a cached prefix reads its first state from one.
+
+Decode steps that run the same rows in the same order as the step before (the steady state
+of a batch) skip both: the previous step's new states stay *resident* as they came out of the
+layer, are read from there, and reach the pool only when the rows change (``flush``, before
+anything else of that step reads or writes a slot). On MLX's CPU backend the scatter of 16
+rows of a 256 KiB state costs ~6.6 ms, more than a small model's whole step.
 """
 
 from __future__ import annotations
@@ -26,10 +32,14 @@ class StatePool:
         self.specs = specs
         self.num_slots = num_slots
         self.bufs: list[list[mx.array | None]] = []
+        # The last decode call's rows (their slots, in order) and new states per layer and
+        # array, not yet written to ``bufs``.
+        self.resident: tuple[tuple[int, ...], list[list[mx.array | None] | None]] | None = None
         self.reset()
 
     def reset(self) -> None:
         self.bufs = []
+        self.resident = None
         gc.collect()
         mx.clear_cache()
         for spec in self.specs:
@@ -46,14 +56,29 @@ class StatePool:
         return self.num_slots * sum(s.bytes_per_seq for s in self.specs)
 
     def arrays(self) -> list[mx.array]:
-        return [b for layer in self.bufs for b in layer if b is not None]
+        held = [x for x in self.resident[1] if x is not None] if self.resident is not None else []
+        return [b for layer in [*self.bufs, *held] for b in layer if b is not None]
+
+    def flush(self) -> None:
+        """Write the resident states to their slots."""
+        if self.resident is None:
+            return
+        slots, states = self.resident
+        self.resident = None
+        idx = mx.array(slots, dtype=mx.int32)
+        for bufs, news in zip(self.bufs, states, strict=True):
+            for buf, new in zip(bufs, news or [None] * len(bufs), strict=True):
+                if buf is not None and new is not None:
+                    buf[idx] = new
 
 
 class StepState(ArraysCache):
     """One recurrent layer's cache for one model call of a step: the states of its rows
     gathered from ``read`` slots (None: the call's sequences start at 0 and read nothing, as
-    mlx-lm's empty cache). ``write_back`` stores what the layer left in the cache to the
-    rows' ``write`` slots, and rows ``copies[0]`` also to snapshot slots ``copies[1]``."""
+    mlx-lm's empty cache), or given (``initial``: the pool's resident states of exactly these
+    rows). ``write_back`` stores what the layer left in the cache to the rows' ``write``
+    slots, or into ``keep`` (to become the resident states), and rows ``copies[0]`` also to
+    snapshot slots ``copies[1]``."""
 
     def __init__(
         self,
@@ -62,11 +87,16 @@ class StepState(ArraysCache):
         write: mx.array,
         read: mx.array | None,
         copies: tuple[mx.array, mx.array] | None = None,
+        *,
+        initial: list[mx.array | None] | None = None,
+        keep: list[list[mx.array | None] | None] | None = None,
     ) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
-        self.pool, self.layer, self.write, self.copies = pool, layer, write, copies
-        if read is not None:
+        self.pool, self.layer, self.write, self.copies, self.keep = pool, layer, write, copies, keep
+        if initial is not None:
+            self.cache = list(initial)
+        elif read is not None:
             for k, buf in enumerate(bufs):
                 if buf is None:
                     continue
@@ -74,12 +104,18 @@ class StepState(ArraysCache):
 
     def write_back(self) -> None:
         bufs = self.pool.bufs[self.layer]
+        kept: list[mx.array | None] = []
         for k, buf in enumerate(bufs):
             new = self.cache[k]
             if buf is None or new is None:
+                kept.append(None)
                 continue
             new = new.astype(buf.dtype)
-            buf[self.write] = new
+            kept.append(new)
+            if self.keep is None:
+                buf[self.write] = new
             if self.copies is not None:
                 rows, slots = self.copies
                 buf[slots] = new[rows]
+        if self.keep is not None:
+            self.keep[self.layer] = kept

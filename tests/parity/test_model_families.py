@@ -134,6 +134,31 @@ def test_recurrent_hits_resume_from_cached_states(family_model_dir, model_type):
         assert out.cached_tokens == cached, (len(prompt), out.cached_tokens)
 
 
+@pytest.mark.parametrize("model_type", RECURRENT)
+def test_steady_decodes_keep_states_resident_and_exact(family_model_dir, model_type):
+    """A batch decoding the same rows step after step reads and writes its states outside
+    the pool (written back only when the rows change), with identical tokens."""
+    path = family_model_dir(model_type)
+    llm = LLM(str(path), check_invariants=True)
+    pool = llm.engine.loop.runner.state_pool
+    flushes = []
+    real_flush = pool.flush
+
+    def flush():
+        flushes.append(pool.resident is not None)
+        real_flush()
+
+    pool.flush = flush
+    prompts = [[3 + (11 * i + j) % 390 for j in range(9)] for i in range(4)]
+    outs = llm.generate(prompts, [greedy(20 + 3 * i) for i in range(4)])
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, len(o.token_ids))
+    # About 30 steps; states reach the pool only when the rows change (a prefill step, then
+    # 4 finishes one by one), not every step.
+    assert llm.engine.loop.num_steps >= 25
+    assert 1 <= sum(flushes) <= len(flushes) <= 6
+
+
 def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
     import mlx.core as mx
     import mlx.nn as nn
