@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.engine import invariants, results
+from tandem.engine import invariants, results, state_snapshots
 from tandem.engine.admission import Admission
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
@@ -196,7 +196,9 @@ class Scheduler:
                     len(sampled),
                     state_slot=req.state_slot,
                     state_src=req.state_src,
-                    snapshots=self._checkpoint(req, pos + 1),
+                    snapshots=state_snapshots.checkpoint(
+                        self.kv, self.running.values(), req, pos + 1
+                    ),
                 )
             )
             sampled.append(req)
@@ -224,7 +226,7 @@ class Scheduler:
         end = min(len(tokens), start + budget)
         snaps: tuple[tuple[int, int], ...] = ()
         if self.kv.snapshots is not None:
-            end, snaps = self._chunk_snapshots(req, tokens, start, end)
+            end, snaps = state_snapshots.for_chunk(self.kv, req, tokens, start, end)
         sample = end == len(tokens)
         k = req.params.prompt_logprobs
         # Until the first output is reported the prompt's entries are still owed (a
@@ -244,52 +246,6 @@ class Scheduler:
             state_src=req.state_src,
             snapshots=snaps,
         )
-
-    # ---- recurrent-state snapshots (models with recurrent layers and the prefix cache) --
-    def _chunk_snapshots(
-        self, req: Request, tokens: list[int], start: int, end: int
-    ) -> tuple[int, tuple[tuple[int, int], ...]]:
-        """Where a chunk of a recurrent model keeps its state for the prefix cache: at its
-        end when the budget cuts it (moved back to a page boundary), at the last page
-        boundary a repeat of these tokens could hit, and where the cache wants it (prompts
-        part there). Returns the chunk's end and its (position, slot) snapshots."""
-        p = self.kv.page_size
-        n = len(tokens)
-        want = {pos for pos in req.snap_targets if start < pos <= end}
-        if end < n and end // p * p > start:
-            end = end // p * p
-            want.add(end)
-        last = (n - 1) // p * p  # a repeat of the whole prompt hits up to here
-        if start < last <= end:
-            want.add(last)
-        snaps = []
-        for pos in sorted(want):
-            if pos > end or pos % p or not self.kv.wants_snapshot(tokens, pos):
-                continue
-            slot = self.kv.new_snapshot()
-            if slot < 0:
-                break
-            snaps.append((pos, slot))
-        req.snap_targets = {pos for pos in req.snap_targets if pos > end}
-        return end, tuple(snaps)
-
-    def _checkpoint(self, req: Request, end: int) -> tuple[tuple[int, int], ...]:
-        """A decode reaching page boundary ``end`` copies its state to the request's
-        checkpoint slot (its last one is cached with its pages when it ends)."""
-        snapshots = self.kv.snapshots
-        if snapshots is None or end % self.kv.page_size:
-            return ()
-        if req.checkpoint < 0:
-            # Checkpoints hold at most half the slots: many long decodes must not leave new
-            # prompts no room to keep their states.
-            held = sum(r.checkpoint >= 0 for r in self.running.values())
-            if 2 * (held + 1) > snapshots.num:
-                return ()
-            req.checkpoint = self.kv.new_snapshot()
-            if req.checkpoint < 0:
-                return ()
-        req.checkpoint_pos = end
-        return ((end, req.checkpoint),)
 
     def _launch(
         self,

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -14,7 +13,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import Segment, StepPlan, StepResult
-from tandem.runner import attention, gated_delta, kernels, layers, verify
+from tandem.runner import attention, gated_delta, kernels, layers, recurrent_step, verify
 from tandem.runner.paged import PagedCache, PagePool
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
@@ -25,7 +24,7 @@ from tandem.runner.sampler import (
     sample,
     token_logprobs,
 )
-from tandem.runner.state import StatePool, StepState
+from tandem.runner.state import StatePool
 from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
@@ -58,11 +57,6 @@ def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
 def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | None:
     """The model's declared cache layout; raises for cache kinds Tandem does not serve."""
     return layers.declared_layout(model, model_type)
-
-
-def _source(seg: Segment) -> int:
-    """The slot a segment's state is read from: a prefix hit's snapshot, else its own."""
-    return seg.state_src if seg.state_src >= 0 else seg.state_slot
 
 
 class ModelRunner:
@@ -158,7 +152,7 @@ class ModelRunner:
         as mlx-lm builds it, or (T, 1, 1, 1, L) for models that split query heads into
         (kv heads, repeats) before applying it (gemma2). Tried on 97 decodes (a row count no
         head count equals) of different lengths in a scratch pool."""
-        from tandem.engine.plan import RowSampling, Segment, StepPlan
+        from tandem.engine.plan import RowSampling, StepPlan
 
         pool = PagePool(self.specs, 1, 4, double_buffer=False)
         n = 97
@@ -256,12 +250,12 @@ class ModelRunner:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
         assert self.pool is not None
         if self.state_pool is None:
-            ctx = self._context(plan.segments)
+            ctx = self.context(plan.segments)
             self.pool.begin_step(ctx.host_write_slots, ctx.write_slots)
-            return self._call(ctx, inputs[:, None], head)
-        return self._forward_pieces(plan, inputs, head)
+            return self.call(ctx, inputs[:, None], head)
+        return recurrent_step.forward(self, plan, inputs, head)
 
-    def _context(self, segments, *, sequence: bool = False) -> StepContext:
+    def context(self, segments, *, sequence: bool = False) -> StepContext:
         assert self.pool is not None
         ctx = StepContext(
             segments, self.pool.page_size, kernel=bool(self.decode_kernel), sequence=sequence
@@ -269,7 +263,7 @@ class ModelRunner:
         ctx.mask_rank = self.mask_rank
         return ctx
 
-    def _call(
+    def call(
         self, ctx: StepContext, inputs: mx.array, rows: list[int], states: list | None = None
     ) -> mx.array:
         """The model on ``inputs`` ((T, 1) rows, or (1, n) in the sequence layout); the
@@ -300,107 +294,6 @@ class ModelRunner:
                 logits = self.model(inputs, cache=caches)[head_rows, 0, :]
         for c in states or ():
             c.write_back()
-        return logits
-
-    def _forward_pieces(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
-        """A model with recurrent layers: one call on the step's single-token segments (each
-        row its request's state; one more for those starting at 0) and one per prefill chunk
-        as a (1, n) sequence, so the recurrence runs along the chunk (cut where a snapshot of
-        the state is kept); the head rows' logits back in ``head`` order."""
-        sp = self.state_pool
-        assert sp is not None
-        starts, t = [], 0
-        for seg in plan.segments:
-            starts.append(t)
-            t += seg.num_tokens
-        where = {h: i for i, h in enumerate(head)}
-        outs: list[mx.array] = []
-        order: list[int] = []  # head index of each output row, in output order
-
-        def slots(values: list[int]) -> mx.array:
-            return mx.array(values, dtype=mx.int32)
-
-        # Single-token segments in one call; those that start a sequence in another that
-        # reads no state (a model may treat an empty cache unlike a zero state). The first
-        # call's new states stay resident for a next step of the same rows (runner.state).
-        groups = [
-            [
-                i
-                for i, seg in enumerate(plan.segments)
-                if seg.num_tokens == 1 and fresh == (seg.start == 0)
-            ]
-            for fresh in (False, True)
-        ]
-        rows_slots = tuple(plan.segments[i].state_slot for i in groups[0])
-        initial = None
-        if (
-            sp.resident is not None
-            and sp.resident[0] == rows_slots
-            and all(plan.segments[i].state_src < 0 for i in groups[0])
-        ):
-            initial = sp.resident[1]
-            sp.resident = None
-        else:
-            sp.flush()  # before anything of this step reads or writes a slot
-        for fresh, singles in zip((False, True), groups, strict=True):
-            if not singles:
-                continue
-            segs = [plan.segments[i] for i in singles]
-            tok = [starts[i] for i in singles]
-            assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
-            write = slots([seg.state_slot for seg in segs])
-            read = None if fresh else slots([_source(seg) for seg in segs])
-            assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
-            copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
-            copy = (
-                (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
-            )
-            keep: list | None = None if fresh else [None] * len(sp.specs)
-            states = [
-                StepState(
-                    sp,
-                    j,
-                    write,
-                    read,
-                    copy,
-                    initial=initial[j] if initial is not None and not fresh else None,
-                    keep=keep,
-                )
-                for j in range(len(sp.specs))
-            ]
-            rows = [k for k, t0 in enumerate(tok) if t0 in where]
-            order += [where[tok[k]] for k in rows]
-            x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
-            outs.append(self._call(self._context(segs), x[:, None], rows, states))
-            if keep is not None:
-                sp.resident = (rows_slots, keep)
-        for i, seg in enumerate(plan.segments):
-            if seg.num_tokens == 1:
-                continue
-            assert seg.state_slot >= 0, "a recurrent row without a slot"
-            write = slots([seg.state_slot])
-            snaps = dict(seg.snapshots)
-            cuts = [seg.start, *(pos for pos in snaps if pos < seg.end), seg.end]
-            for a, b in itertools.pairwise(cuts):
-                t0 = starts[i] + a - seg.start
-                piece = replace(
-                    seg,
-                    start=a,
-                    num_tokens=b - a,
-                    token_ids=seg.token_ids[a - seg.start : b - seg.start],
-                )
-                rows = [k for k in range(b - a) if t0 + k in where]
-                order += [where[t0 + k] for k in rows]
-                read = (
-                    None if a == 0 else slots([_source(seg) if a == seg.start else seg.state_slot])
-                )
-                copy = (slots([0]), slots([snaps[b]])) if b in snaps else None
-                states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
-                x = inputs[t0 : t0 + b - a][None]
-                outs.append(self._call(self._context([piece], sequence=True), x, rows, states))
-        logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
-        if order != list(range(len(order))):
-            logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]
         return logits
 
     def _inputs(self, plan: StepPlan, parent: Handle | None) -> mx.array:

@@ -1,0 +1,122 @@
+"""A step of a model with recurrent layers: one model call on the step's single-token
+segments (each row its request's state; one more for rows starting a sequence) and one
+``(1, n)`` call per prefill chunk, cut where a snapshot of the state is kept, so the
+recurrence runs along the chunk (runner/state.py holds the states)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from tandem.engine.plan import Segment, StepPlan
+from tandem.runner.state import StepState
+
+if TYPE_CHECKING:
+    from tandem.runner.model_runner import ModelRunner
+
+
+def _source(seg: Segment) -> int:
+    """The slot a segment's state is read from: a prefix hit's snapshot, else its own."""
+    return seg.state_src if seg.state_src >= 0 else seg.state_slot
+
+
+def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
+    """A model with recurrent layers: one call on the step's single-token segments (each
+    row its request's state; one more for those starting at 0) and one per prefill chunk
+    as a (1, n) sequence, so the recurrence runs along the chunk (cut where a snapshot of
+    the state is kept); the head rows' logits back in ``head`` order."""
+    sp = runner.state_pool
+    assert sp is not None
+    starts, t = [], 0
+    for seg in plan.segments:
+        starts.append(t)
+        t += seg.num_tokens
+    where = {h: i for i, h in enumerate(head)}
+    outs: list[mx.array] = []
+    order: list[int] = []  # head index of each output row, in output order
+
+    def slots(values: list[int]) -> mx.array:
+        return mx.array(values, dtype=mx.int32)
+
+    # Single-token segments in one call; those that start a sequence in another that
+    # reads no state (a model may treat an empty cache unlike a zero state). The first
+    # call's new states stay resident for a next step of the same rows (runner.state).
+    groups = [
+        [
+            i
+            for i, seg in enumerate(plan.segments)
+            if seg.num_tokens == 1 and fresh == (seg.start == 0)
+        ]
+        for fresh in (False, True)
+    ]
+    rows_slots = tuple(plan.segments[i].state_slot for i in groups[0])
+    initial = None
+    if (
+        sp.resident is not None
+        and sp.resident[0] == rows_slots
+        and all(plan.segments[i].state_src < 0 for i in groups[0])
+    ):
+        initial = sp.resident[1]
+        sp.resident = None
+    else:
+        sp.flush()  # before anything of this step reads or writes a slot
+    for fresh, singles in zip((False, True), groups, strict=True):
+        if not singles:
+            continue
+        segs = [plan.segments[i] for i in singles]
+        tok = [starts[i] for i in singles]
+        assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
+        write = slots([seg.state_slot for seg in segs])
+        read = None if fresh else slots([_source(seg) for seg in segs])
+        assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
+        copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
+        copy = (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
+        keep: list | None = None if fresh else [None] * len(sp.specs)
+        states = [
+            StepState(
+                sp,
+                j,
+                write,
+                read,
+                copy,
+                initial=initial[j] if initial is not None and not fresh else None,
+                keep=keep,
+            )
+            for j in range(len(sp.specs))
+        ]
+        rows = [k for k, t0 in enumerate(tok) if t0 in where]
+        order += [where[tok[k]] for k in rows]
+        x = inputs if tok == list(range(len(inputs))) else inputs[mx.array(tok)]
+        outs.append(runner.call(runner.context(segs), x[:, None], rows, states))
+        if keep is not None:
+            sp.resident = (rows_slots, keep)
+    for i, seg in enumerate(plan.segments):
+        if seg.num_tokens == 1:
+            continue
+        assert seg.state_slot >= 0, "a recurrent row without a slot"
+        write = slots([seg.state_slot])
+        snaps = dict(seg.snapshots)
+        cuts = [seg.start, *(pos for pos in snaps if pos < seg.end), seg.end]
+        for a, b in itertools.pairwise(cuts):
+            t0 = starts[i] + a - seg.start
+            piece = replace(
+                seg,
+                start=a,
+                num_tokens=b - a,
+                token_ids=seg.token_ids[a - seg.start : b - seg.start],
+            )
+            rows = [k for k in range(b - a) if t0 + k in where]
+            order += [where[t0 + k] for k in rows]
+            read = None if a == 0 else slots([_source(seg) if a == seg.start else seg.state_slot])
+            copy = (slots([0]), slots([snaps[b]])) if b in snaps else None
+            states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
+            x = inputs[t0 : t0 + b - a][None]
+            outs.append(runner.call(runner.context([piece], sequence=True), x, rows, states))
+    logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+    if order != list(range(len(order))):
+        logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]
+    return logits
