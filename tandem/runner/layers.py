@@ -55,7 +55,14 @@ class LayerSpec:
         return self.width * self.dtype.size
 
     @property
+    def unused(self) -> bool:
+        """The layer stores nothing in its cache (it has no attention)."""
+        return self.k_heads == 0
+
+    @property
     def kind(self) -> str:
+        if self.unused:
+            return "unused"
         base = "full" if self.window is None else f"window {self.window}"
         return f"{base}, {'dense' if self.dense else 'paged'}"
 
@@ -208,12 +215,18 @@ def probe_layers(
         state_specs.append(StateSpec(entries))
     windows = [n.window for n in _flat(layout) if isinstance(n, Attn)]
     specs = []
+    if attns and all(c.stored is None for c in attns):
+        raise ValueError(
+            f"model type {model_type!r}: attention layer 0 stores nothing in its cache, nor "
+            "does any other"
+        )
     for i, c in enumerate(attns):
         if c.stored is None:
-            raise ValueError(
-                f"model type {model_type!r}: attention layer {i} stores nothing in its cache "
-                "(shared or skipped KV), which Tandem does not serve yet"
-            )
+            # A declared cache the layer never uses (nemotron-nas: attention replaced by a
+            # linear layer): no pool entries. One another layer's KV was meant to reach
+            # would compute wrong scores, which the load check refuses.
+            specs.append(LayerSpec(0, 0, 0, 0, mx.float32, window=windows[i]))
+            continue
         k, v = c.stored
         if k.ndim != 4 or v.ndim != 4 or k.shape[2] != 1 or v.shape[2] != 1:
             raise ValueError(

@@ -135,7 +135,9 @@ class ModelRunner:
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, max(1, state_slots))
             if self.decode_kernel is not False:
-                full = {(s.k_dim, s.k_heads, s.dtype) for s in self.specs if not s.dense}
+                full = {
+                    (s.k_dim, s.k_heads, s.dtype) for s in self.specs if not (s.dense or s.unused)
+                }
                 heads = self.num_heads
                 self.decode_kernel = (
                     heads is not None

@@ -69,7 +69,8 @@ class PagePool:
             bufs = []
             for s in self.specs:
                 entry = (s.width,) if s.dense else (s.k_heads + s.v_heads, s.k_dim)
-                buf = mx.zeros((self.num_slots, *entry), dtype=s.dtype)
+                rows = 1 if s.unused else self.num_slots  # never written nor read
+                buf = mx.zeros((rows, *entry), dtype=s.dtype)
                 mx.eval(buf)
                 bufs.append(buf)
             self.sets.append(bufs)
