@@ -61,17 +61,17 @@ class Admission:
             hit = kv.match(tokens, len(tokens) - 1) if reuse else StateHit([], -1, 0)
             cached = len(hit.pages) * kv.page_size
             if reuse:
-                other = next(
+                common, other = next(
                     (
-                        o
+                        (c, o)
                         for o in admitted
-                        if _common_prefix(tokens, o.token_ids()) >= cached + SHARED_PREFIX_WAIT
+                        if (c := _common_prefix(tokens, o.token_ids()))
+                        >= cached + SHARED_PREFIX_WAIT
                     ),
-                    None,
+                    (0, None),
                 )
                 if other is not None:
                     if kv.snapshots is not None:  # keep the state where the two part
-                        common = _common_prefix(tokens, other.token_ids())
                         other.snap_targets.add(common // kv.page_size * kv.page_size)
                     kv.unmatch(hit)
                     break

@@ -71,7 +71,9 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         tok = [starts[i] for i in singles]
         assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
         write = slots([seg.state_slot for seg in segs])
-        read = None if fresh else slots([_source(seg) for seg in segs])
+        # Nothing to read: sequences starting at 0, or the resident states of these rows.
+        resident = initial is not None and not fresh
+        read = None if fresh or resident else slots([_source(seg) for seg in segs])
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
         copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
         copy = (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
@@ -83,7 +85,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
                 write,
                 read,
                 copy,
-                initial=initial[j] if initial is not None and not fresh else None,
+                initial=initial[j] if resident and initial is not None else None,
                 keep=keep,
             )
             for j in range(len(sp.specs))
