@@ -101,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
             tool_call_format=args.tool_call_format,
             keep_billing_header=args.keep_billing_header,
             trust_request_chat_template=args.trust_request_chat_template,
+            ui=not args.no_ui,
         )
     except (ValueError, RuntimeError) as e:
         print(f"tandem: error: {e}", file=sys.stderr)
@@ -227,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let requests bring their own chat template (chat_template_kwargs.chat_template): "
         "Jinja from clients run on the server, so only for trusted clients",
+    )
+    s.add_argument(
+        "--no-ui",
+        action="store_true",
+        help="serve no web pages (the playground at / and the dashboard at /dashboard)",
     )
     _add_engine_arguments(s, max_num_seqs=256)
     s.set_defaults(func=_serve)

@@ -48,6 +48,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
                     "model_type": built.model_type,
                     "pid": os.getpid(),
                     "vocab_size": engine.vocab_size,
+                    "kv_pages": engine.scheduler.kv.num_pages,
                 },
             ]
         )
@@ -130,4 +131,5 @@ def _stats(engine) -> dict[str, Any]:
         "oom_recoveries": sched.stats.oom_recoveries,
         "kv_pages": sched.kv.num_pages,
         "kv_cached_pages": sched.kv.num_cached,
+        "kv_held_pages": sched.kv.num_held,
     }

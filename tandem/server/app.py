@@ -23,6 +23,7 @@ from tandem.server.openapi import install_openapi
 from tandem.server.responses_routes import install_responses_routes
 from tandem.server.service import ServerSettings, Service, engine_error
 from tandem.server.tokenize_api import install_tokenize_routes
+from tandem.server.ui import install_ui, is_public
 
 __all__ = ["ServerSettings", "create_app", "engine_error", "error_response"]
 
@@ -94,6 +95,15 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, settings: ServerSetti
     install_tokenize_routes(
         app, tokenizer, max_model_len, svc.check_model, settings.trust_request_chat_template
     )
+
+    if settings.ui:
+        install_ui(
+            app,
+            metrics.live,
+            lambda: {"kv_pages": client.info.get("kv_pages", 0), **client.stats},
+            settings.served_model_name,
+            max_model_len,
+        )
 
     @app.get("/v1/models", response_model=ModelList)
     async def models():
@@ -191,7 +201,9 @@ class _Guard:
 
     def _check(self, request: Request) -> RequestError | None:
         settings = self.settings
-        if settings.api_key is not None and request.url.path != "/health":
+        path = request.url.path
+        public = path == "/health" or (settings.ui and is_public(path))
+        if settings.api_key is not None and not public:
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             token = token or request.headers.get("x-api-key", "")  # Anthropic's clients

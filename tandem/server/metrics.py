@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from tandem.server.live_stats import LiveStats
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 # Engine stats that are current values: stats key -> (metric name, help).
@@ -99,6 +101,21 @@ class Metrics:
             "Share of prompt tokens served from the prefix cache (since start)",
             registry=r,
         )
+
+        self.live = LiveStats()  # the dashboard's per-second history
+
+    def token_arrived(self, seconds: float, *, first: bool) -> None:
+        """A request's output advanced ``seconds`` after its start (first) or last output."""
+        (self.ttft if first else self.itl).observe(seconds)
+        (self.live.first_token if first else self.live.next_token)(seconds)
+
+    def generated(self, n: int) -> None:
+        self.generation_tokens.inc(n)
+        self.live.generated(n)
+
+    def request_ended(self, seconds: float) -> None:
+        self.e2e.observe(seconds)
+        self.live.request_done()
 
     def render(self, stats: dict) -> bytes:
         for key, gauge in self.engine.items():

@@ -86,7 +86,10 @@ def patch_openapi(schema: Schema) -> Schema:
             if path in OPEN:
                 continue
             operation["security"] = [{"bearerAuth": []}]
-            codes = ["400", "401", "404", "413"] if "requestBody" in operation else ["401"]
+            if "requestBody" in operation:
+                codes = ["400", "401", "404", "413"]
+            else:  # a query parameter can be invalid too
+                codes = ["400", "401"] if operation.get("parameters") else ["401"]
             if path in STREAMING:
                 codes.append("503")
                 content = responses.setdefault("200", {}).setdefault("content", {})

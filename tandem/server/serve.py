@@ -76,6 +76,7 @@ def serve(
     tool_call_format: str = "auto",
     keep_billing_header: bool = False,
     trust_request_chat_template: bool = False,
+    ui: bool = True,
 ) -> int:
     path = resolve_model(config.model)  # fetches the default model here, not in the engine
     name = served_model_name or default_served_name(config.model, path)
@@ -89,5 +90,6 @@ def serve(
         tool_call_format=tool_call_format,
         keep_billing_header=keep_billing_header,
         trust_request_chat_template=trust_request_chat_template,
+        ui=ui,
     )
     return asyncio.run(_serve(config, host, port, settings))

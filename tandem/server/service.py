@@ -37,6 +37,7 @@ class ServerSettings:
     tool_call_format: str = "auto"  # auto (template / model type) | a tool_calls.FORMATS name
     keep_billing_header: bool = False  # /v1/messages: keep x-anthropic-billing-header blocks
     trust_request_chat_template: bool = False  # chat_template_kwargs may carry a template
+    ui: bool = True  # the playground at / and the dashboard at /dashboard
 
 
 @dataclass
@@ -181,9 +182,7 @@ class Service:
                 if d.finish_reason == "error":
                     raise engine_error(d, dead=client.dead is not None)
                 now = time.monotonic()
-                (metrics.ttft if count == 0 else metrics.itl).observe(
-                    now - (start if count == 0 else last)
-                )
+                metrics.token_arrived(now - (start if count == 0 else last), first=count == 0)
                 last = now
                 if d.cached_tokens is not None:
                     cached = d.cached_tokens
@@ -195,7 +194,7 @@ class Service:
                         return
                     continue
                 count += len(d.new_token_ids)
-                metrics.generation_tokens.inc(len(d.new_token_ids))
+                metrics.generated(len(d.new_token_ids))
                 ids = d.new_token_ids
                 pending_ids += ids
                 pending_lps += d.logprobs or []
@@ -214,7 +213,7 @@ class Service:
                     yield piece(text, None)
                     pending_ids, pending_lps = [], []
         finally:
-            metrics.e2e.observe(time.monotonic() - start)
+            metrics.request_ended(time.monotonic() - start)
             await gen.aclose()
 
 

@@ -1,0 +1,72 @@
+// Shared by the playground and the dashboard: the API key (asked for when the server wants
+// one, kept in this browser's localStorage) and fetches that carry it.
+"use strict";
+
+const Tandem = (() => {
+  const KEY = "tandem-api-key";
+  let asking = null;
+
+  function key() {
+    return localStorage.getItem(KEY) || "";
+  }
+
+  function headers(extra = {}) {
+    const h = { ...extra };
+    if (key()) h.Authorization = `Bearer ${key()}`;
+    return h;
+  }
+
+  // Show the key dialog; resolves once the user saved a key (or closed it: false).
+  function askKey(message) {
+    if (asking) return asking;
+    const dialog = document.getElementById("key-dialog");
+    const input = document.getElementById("key-input");
+    document.getElementById("key-message").textContent =
+      message || "This server needs an API key (its --api-key).";
+    input.value = key();
+    asking = new Promise((resolve) => {
+      dialog.onclose = () => {
+        asking = null;
+        if (dialog.returnValue === "save") {
+          localStorage.setItem(KEY, input.value.trim());
+          resolve(true);
+        } else {
+          resolve(false);
+        }
+      };
+    });
+    dialog.showModal();
+    input.focus();
+    return asking;
+  }
+
+  // fetch() with the key; on 401 asks for a key and tries again while the user gives one.
+  async function api(path, options = {}) {
+    for (;;) {
+      const opts = { ...options, headers: headers(options.headers || {}) };
+      const resp = await fetch(path, opts);
+      if (resp.status !== 401) return resp;
+      const msg = key() ? "That API key was refused; enter the server's key." : null;
+      if (!(await askKey(msg))) return resp;
+    }
+  }
+
+  // The message of an error body in OpenAI's shape, else the status line.
+  async function errorText(resp) {
+    try {
+      const body = await resp.json();
+      if (body && body.error) return body.error.message || JSON.stringify(body.error);
+      return JSON.stringify(body);
+    } catch (e) {
+      return `${resp.status} ${resp.statusText}`;
+    }
+  }
+
+  function wireHeader() {
+    const button = document.getElementById("key-button");
+    if (button) button.addEventListener("click", () => askKey("API key for this server."));
+  }
+
+  document.addEventListener("DOMContentLoaded", wireHeader);
+  return { key, headers, askKey, api, errorText };
+})();
