@@ -72,6 +72,12 @@ const Chart = (() => {
         pen = true;
       }
       ctx.stroke();
+      if (opts.dots) {  // sparse series (null between values): each value visible alone
+        ctx.fillStyle = COLORS[i % COLORS.length];
+        for (const p of shown) {
+          if (p[s.key] !== null && p[s.key] !== undefined) ctx.fillRect(x(p.t) - 1.5, y(p[s.key]) - 1.5, 3, 3);
+        }
+      }
     });
     // The legend: each series' newest value; data attributes say what was drawn.
     legend.replaceChildren();

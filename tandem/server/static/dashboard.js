@@ -9,11 +9,10 @@ const CHARTS = [
     [
       { key: "kv_pages_used", name: "used" },
       { key: "kv_pages_cached", name: "cached" },
-      { key: "kv_pages", name: "total" },
     ],
     {},
   ],
-  ["chart-hit", [{ key: "prefix_hit_rate", name: "hit rate" }], { unit: "%", max: 1 }],
+  ["chart-hit", [{ key: "prefix_hit_rate", name: "hit rate" }], { unit: "%", max: 1, dots: true }],
   ["chart-ttft", [{ key: "ttft_p50_ms", name: "p50" }, { key: "ttft_p99_ms", name: "p99" }], { unit: "ms" }],
   ["chart-itl", [{ key: "itl_p50_ms", name: "p50" }, { key: "itl_p99_ms", name: "p99" }], { unit: "ms" }],
   ["chart-spec", [{ key: "spec_acceptance", name: "accepted" }], { unit: "%", max: 1 }],
@@ -32,10 +31,11 @@ function redraw() {
   }
   const p = points[points.length - 1];
   if (!p) return;
-  document.getElementById("tile-tps").textContent = Chart.format(p.output_tps, "");
+  document.getElementById("tile-tps").textContent = p.output_tps.toFixed(0);
   document.getElementById("tile-requests").textContent = `${p.running} / ${p.waiting}`;
   document.getElementById("tile-kv").textContent =
     `${p.kv_pages_used} / ${p.kv_pages_cached} / ${p.kv_pages}`;
+  document.getElementById("kv-pool").textContent = `(pool of ${p.kv_pages})`;
   document.getElementById("tile-hit").textContent = Chart.format(p.prefix_hit_rate_total, "%");
 }
 
