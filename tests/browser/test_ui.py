@@ -289,3 +289,20 @@ def test_dashboard_plots_move_under_load(page, server):
     )
     assert page.locator("#tile-tps").inner_text() != "–"
     assert page.locator("#chart-spec").is_hidden()  # no speculation on this server
+
+
+def test_dashboard_asks_for_the_key_itself(browser, server):
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(server.url + "/dashboard")
+    pg.wait_for_selector("#key-dialog[open]")  # /ui/api/stats answered 401
+    assert pg.locator("#status").inner_text().startswith("Waiting")
+    pg.fill("#key-input", "wrong")
+    pg.click("#key-save")
+    pg.wait_for_selector("#key-dialog[open]")  # refused: asked again
+    assert "refused" in pg.locator("#key-message").inner_text()
+    pg.fill("#key-input", API_KEY)
+    pg.click("#key-save")
+    pg.wait_for_function("Number(document.getElementById('chart-tps').dataset.points) > 0")
+    assert "tiny" in pg.locator("#model-name").inner_text()
+    context.close()
