@@ -10,6 +10,7 @@ from tandem.config import EngineConfig
 from tandem.engine.engine import Engine
 from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.scheduler import SchedulerConfig
+from tandem.engine.speculation import SpecConfig
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.model_source import resolve_model
 
@@ -115,6 +116,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         prefix_cache=config.prefix_cache,
         state_slots=state_slots,
         state_snapshots=snapshots,
+        speculation=_speculation(config, state_slots > 0, model_type),
     )
     engine = Engine(
         runner,
@@ -127,3 +129,18 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         grammar=lambda: GrammarCompiler(tokenizer.hf, runner.vocab_size, tokenizer.eos_token_ids),
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)
+
+
+def _speculation(config: EngineConfig, recurrent: bool, model_type: str) -> SpecConfig:
+    if config.speculative is None:
+        return SpecConfig()
+    if recurrent:
+        # A verify advances the recurrent state over rejected tokens too; restoring it needs
+        # a snapshot before each verify, which is not built yet.
+        raise ValueError(
+            f"speculative decoding is not supported for {model_type} yet (it has recurrent "
+            "layers whose state cannot be rolled back past rejected tokens)"
+        )
+    return SpecConfig(
+        num_tokens=config.num_speculative_tokens, max_batch=config.speculative_max_batch
+    )

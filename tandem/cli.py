@@ -81,6 +81,9 @@ def _engine_config(args: argparse.Namespace):
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
         state_snapshots=args.state_snapshots,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        speculative_max_batch=args.speculative_max_batch,
     )
 
 
@@ -147,6 +150,21 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         type=int,
         help="models with recurrent layers: states the prefix cache keeps (default: "
         "2 x --max-num-seqs, within a quarter of the KV memory; 0: no prefix cache for them)",
+    )
+    p.add_argument(
+        "--speculative",
+        choices=("ngram",),
+        help="speculative decoding: ngram proposes tokens from the request's own prompt and "
+        "output (greedy requests; verified in the batched step, output unchanged)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="tokens proposed per verify"
+    )
+    p.add_argument(
+        "--speculative-max-batch",
+        type=int,
+        default=8,
+        help="no speculation while more requests than this decode",
     )
     p.add_argument(
         "--debug-invariants",

@@ -29,6 +29,11 @@ class EngineConfig:
     # Models with recurrent layers: states the prefix cache keeps (a hit resumes from one;
     # None: 2 x max_num_seqs within a quarter of the KV memory; 0: no prefix cache for them).
     state_snapshots: int | None = None
+    # Speculative decoding: None (off) or "ngram" (prompt lookup); K proposed tokens per
+    # verify; no speculation once more than speculative_max_batch requests decode.
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int = 8
     check_invariants: bool = False
     seed: int | None = None
 
@@ -44,6 +49,15 @@ class EngineConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):
             raise ValueError("kv_page_size must be a power of two")
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(
+                f"speculative must be 'ngram' (or None), got {self.speculative!r}; draft-model "
+                "and MTP proposers are not built yet"
+            )
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+        if self.speculative_max_batch < 1:
+            raise ValueError("speculative_max_batch must be >= 1")
         if self.state_snapshots is not None and self.state_snapshots < 0:
             raise ValueError("state_snapshots must be >= 0")
         if self.kv_budget_tokens is not None and self.kv_budget_tokens < self.kv_page_size:

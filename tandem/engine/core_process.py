@@ -132,4 +132,13 @@ def _stats(engine) -> dict[str, Any]:
         "kv_pages": sched.kv.num_pages,
         "kv_cached_pages": sched.kv.num_cached,
         "kv_held_pages": sched.kv.num_held,
+        **(
+            {
+                "spec_proposed_tokens": sched.stats.spec_proposed,
+                "spec_accepted_tokens": sched.stats.spec_accepted,
+                "spec_verify_steps": sched.stats.spec_verifies,
+            }
+            if sched.config.speculation.enabled
+            else {}
+        ),
     }

@@ -23,6 +23,10 @@ class Segment:
     pages: tuple[int, ...]  # the request's page table, covering [0, start + num_tokens)
     parent_row: int = -1
     sample_row: int = -1  # >= 0: the last position is sampled into this output row
+    # A speculative verify segment samples its last ``num_samples`` positions into rows
+    # sample_row .. sample_row + num_samples - 1; its token_ids are the request's last
+    # token and the proposed ones (engine/speculation.py).
+    num_samples: int = 1
     # Prompt log-probabilities: top-k to return (-1: none) and the tokens that positions
     # start .. score (each position's logits score the next token; the sampled position's
     # logits belong to the output, not the prompt).
@@ -43,6 +47,13 @@ class Segment:
     @property
     def lazy(self) -> bool:
         return self.parent_row >= 0
+
+    @property
+    def sample_positions(self) -> range:
+        """The positions whose logits are sampled (empty for a chunk that samples none)."""
+        if self.sample_row < 0:
+            return range(0)
+        return range(self.end - self.num_samples, self.end)
 
 
 @dataclass(frozen=True)

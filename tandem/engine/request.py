@@ -56,6 +56,10 @@ class Request:
     follows: str | None = None
     prompt_logprobs: list | None = None  # filled by prefill chunks when asked for
     grammar: Any | None = None  # engine.grammar.Matcher of a guided request
+    # Speculative decoding (engine.speculation.SpecState; None: this request never
+    # speculates) and whether a verify segment of it is in flight.
+    spec: Any | None = None
+    spec_inflight: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tandem.engine import speculation
 from tandem.engine.grammar import Matcher, accept_all, fill_masks
-from tandem.engine.plan import StepPlan, StepResult
+from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request
 from tandem.outputs import EngineOutput
 
@@ -35,9 +36,22 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
                 guided.append((row, req.grammar, token))
         verdicts = accept_all([(g, t) for _, g, t in guided])
         accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
+    verifies = {s.sample_row: s for s in plan.segments if s.num_samples > 1}
+    rest = {
+        r for s in verifies.values() for r in range(s.sample_row + 1, s.sample_row + s.num_samples)
+    }
     for row, (rid, token) in enumerate(zip(plan.sample_request_ids, result.tokens, strict=True)):
         req = sched.running[rid]
+        if row in verifies:  # a verify segment's rows: all of them at its first
+            out = _verified(sched, req, verifies[row], result)
+            if out is not None:
+                outputs.append(out)
+            continue
+        if row in rest:
+            continue
         req.num_pending_samples -= 1
+        if req.spec is not None:
+            req.spec.plain_tokens(1)
         if req.finished:
             continue  # finished earlier in the chain; this token is past its end
         if req.grammar is not None and not accepted.get(row, True):
@@ -76,6 +90,56 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
     # Outputs not tied to a step (aborts) go first; taken last, so a failure above
     # leaves them queued for the loop instead of dropping them.
     return sched.take_pending_outputs() + outputs
+
+
+def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
+    """Apply a verify segment's rows: the accepted tokens up to the first stop, the KV
+    length cut back to them, whole pages past it released (no other step lists them: the
+    request sat out every step launched since). Returns its output (None if it had
+    finished earlier)."""
+    row, n = seg.sample_row, seg.num_samples
+    req.num_pending_samples -= n
+    req.spec_inflight = False
+    if req.finished:
+        return None
+    proposal = seg.token_ids[1:]
+    tokens = speculation.accepted_tokens(proposal, result.tokens[row : row + n])
+    stats = sched.stats
+    stats.spec_proposed += len(proposal)
+    stats.spec_accepted += len(tokens) - 1
+    stats.spec_verifies += 1
+    req.spec.record(sched.config.speculation, len(proposal), len(tokens) - 1)
+    emitted: list[int] = []
+    reason = None
+    for token in tokens:
+        req.output_token_ids.append(token)
+        emitted.append(token)
+        reason = stop_reason(req, token)
+        if reason is not None:
+            sched.finish(req, reason, emit=False)
+            break
+    req.num_computed = seg.start + len(emitted)
+    keep = sched.kv.pages_for(req.num_computed + 1)
+    if len(req.pages) > keep:
+        sched.kv.release(req.pages[keep:])
+        del req.pages[keep:]
+    cached = prompt_lps = None
+    if not req.cache_reported:
+        req.cache_reported = True
+        cached = req.num_cached_tokens
+        prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+    lps = None
+    if result.logprobs:
+        found = [result.logprobs.get(row + i) for i in range(len(emitted))]
+        lps = tuple(found) if None not in found else None
+    return EngineOutput(
+        req.request_id,
+        tuple(emitted),
+        reason,
+        cached_tokens=cached,
+        logprobs=lps,
+        prompt_logprobs=prompt_lps,
+    )
 
 
 def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | None:

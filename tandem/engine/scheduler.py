@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.engine import invariants, results, state_snapshots
+from tandem.engine import invariants, results, speculation, state_snapshots
 from tandem.engine.admission import Admission
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
+from tandem.engine.speculation import SpecConfig
 from tandem.engine.state_slots import Snapshots, StateSlots
 from tandem.outputs import EngineOutput
 
@@ -43,6 +44,7 @@ class SchedulerConfig:
     # slots after them that keep snapshots of states for the prefix cache.
     state_slots: int = 0
     state_snapshots: int = 0
+    speculation: SpecConfig = SpecConfig()
 
     @property
     def num_pages(self) -> int:
@@ -56,6 +58,9 @@ class CacheStats:
     retractions: int = 0
     step_failures: int = 0  # steps that raised (their requests retried or failed)
     oom_recoveries: int = 0  # of those, out of device memory (the step budget shrank)
+    spec_proposed: int = 0  # speculative tokens proposed and verified
+    spec_accepted: int = 0  # of those, accepted
+    spec_verifies: int = 0  # verify segments finalized
 
 
 class Scheduler:
@@ -102,6 +107,8 @@ class Scheduler:
             )
         if request.request_id in self.running or request.request_id in self._waiting_ids:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        if cfg.speculation.enabled and speculation.eligible(request.params):
+            request.spec = speculation.new_state(cfg.speculation)
         self.waiting.append(request)
         self._waiting_ids.add(request.request_id)
 
@@ -151,21 +158,36 @@ class Scheduler:
         lazy = {rid: row for row, rid in enumerate(parent.sample_request_ids)} if parent else {}
         budget = self.max_step_tokens
         decodes: list[tuple[Request, int]] = []  # (request, parent row or -1)
+        proposals: dict[str, list[int]] = {}  # speculating requests' proposed tokens
+        speculate = self._speculating()
         need = 0
         for req in self.running.values():
             if req.status is not RequestStatus.DECODE or len(decodes) >= budget:
                 continue
+            if req.spec_inflight:
+                continue  # its verify is in flight: it joins the step after
             if len(req.output_token_ids) + req.num_pending_samples >= req.params.max_tokens:
                 continue  # its last token is in flight: don't waste a step
+            spec = speculate and req.spec is not None and req.spec.active
             if req.num_computed == req.num_tokens:
+                if spec:
+                    continue  # it speculates next, from its tokens on the host: sits out
                 decodes.append((req, lazy[req.request_id]))  # its input is still on the device
             else:
                 assert req.num_computed == req.num_tokens - 1
                 decodes.append((req, -1))
+                if spec:
+                    proposals[req.request_id] = speculation.propose(req, self.config.speculation)
             need += req.num_computed // kv.page_size >= len(req.pages)
         if need > kv.available():
             assert parent is not None, "_fit left the decodes short of pages"
             return None
+        proposals = self._fit_proposals(decodes, proposals, budget, need)
+        need += sum(
+            kv.pages_for(r.num_computed + 1 + len(proposals.get(r.request_id, ())))
+            - max(len(r.pages), kv.pages_for(r.num_computed + 1))
+            for r, _ in decodes
+        )
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
         for req in self.admission.admit(
             self.waiting, len(self.running), need, self._leader_prefilling
@@ -176,24 +198,28 @@ class Scheduler:
             if self.state_slots is not None:
                 req.state_slot = self.state_slots.allocate()
             self.running[req.request_id] = req
-        budget -= len(decodes)
+        budget -= len(decodes) + sum(len(p) for p in proposals.values())
         decodes.sort(key=lambda d: (d[1] < 0, d[1]))  # lazy ones first, in the parent's order
         segments: list[Segment] = []
         sampled: list[Request] = []
         for req, prow in decodes:
             pos = req.num_computed
-            if pos // kv.page_size >= len(req.pages):
-                req.pages += kv.allocate(1)
-            tokens = () if prow >= 0 else (req.token_ids()[pos],)
+            proposal = proposals.get(req.request_id, [])
+            n = 1 + len(proposal)
+            short = kv.pages_for(pos + n) - len(req.pages)
+            if short > 0:
+                req.pages += kv.allocate(short)
+            tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
             segments.append(
                 Segment(
                     req.request_id,
                     pos,
-                    1,
+                    n,
                     tokens,
                     tuple(req.pages),
                     prow,
                     len(sampled),
+                    num_samples=n,
                     state_slot=req.state_slot,
                     state_src=req.state_src,
                     snapshots=state_snapshots.checkpoint(
@@ -201,7 +227,8 @@ class Scheduler:
                     ),
                 )
             )
-            sampled.append(req)
+            sampled += [req] * n
+            req.spec_inflight = bool(proposal)
         if self.config.prefill_chunk_while_decoding and decodes:
             budget = min(budget, self.config.prefill_chunk_while_decoding)
         chunks: list[Segment] = []
@@ -217,6 +244,44 @@ class Scheduler:
         if not segments:
             return None
         return self._launch(parent, segments, sampled, chunks)
+
+    # ---- speculative decoding (engine/speculation.py) ------------------------------------
+    def _speculating(self) -> bool:
+        """Whether requests speculate this step: on, and the decode batch small enough."""
+        spec = self.config.speculation
+        if not spec.enabled:
+            return False
+        decoding = sum(r.status is RequestStatus.DECODE for r in self.running.values())
+        return decoding <= spec.max_batch
+
+    def _fit_proposals(
+        self,
+        decodes: list[tuple[Request, int]],
+        proposals: dict[str, list[int]],
+        budget: int,
+        need: int,
+    ) -> dict[str, list[int]]:
+        """Proposals cut to the step's token budget and the pages left after the plain
+        decodes' (``need``); a request left with none decodes one token."""
+        kv = self.kv
+        budget -= len(decodes)
+        pages = kv.available() - need
+        out: dict[str, list[int]] = {}
+        for req, _ in decodes:
+            proposal = proposals.get(req.request_id)
+            if proposal is None:
+                continue
+            proposal = proposal[: max(0, budget)]
+            base = max(len(req.pages), kv.pages_for(req.num_computed + 1))
+            while proposal and kv.pages_for(req.num_computed + 1 + len(proposal)) - base > pages:
+                proposal.pop()
+            if not proposal:
+                req.spec.no_proposal(self.config.speculation)
+                continue
+            budget -= len(proposal)
+            pages -= kv.pages_for(req.num_computed + 1 + len(proposal)) - base
+            out[req.request_id] = proposal
+        return out
 
     def _chunk(self, req: Request, budget: int, row: int) -> Segment:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
@@ -263,7 +328,7 @@ class Scheduler:
                 self.kv.drop_snapshot(req.state_src)
                 req.state_src = -1
             if seg.sample_row >= 0:
-                req.num_pending_samples += 1
+                req.num_pending_samples += seg.num_samples
                 req.status = RequestStatus.DECODE
             assert req.num_computed <= len(req.pages) * self.kv.page_size
         for seg in chunks:
@@ -285,7 +350,7 @@ class Scheduler:
             step_id=self._step_id,
             segments=tuple(segments),
             sample_request_ids=ids,
-            sample_positions=tuple(s.end - 1 for s in segments if s.sample_row >= 0),
+            sample_positions=tuple(p for s in segments for p in s.sample_positions),
             sampling=parent.sampling if reuse and parent else row_sampling(sampled),
             parent_step=parent.step_id if parent is not None else 0,
             reuse_sampling=reuse,
@@ -352,6 +417,7 @@ class Scheduler:
         self.kv.clear_cache()
         for req in reversed(list(self.running.values())):
             req.num_inflight = req.num_pending_samples = 0
+            req.spec_inflight = False
             if req.finished:
                 self.maybe_release(req, cache=False)
             elif req.request_id in failed:

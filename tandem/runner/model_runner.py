@@ -208,7 +208,8 @@ class ModelRunner:
             for seg in plan.segments:
                 if seg.sample_row >= 0:
                     assert seg.sample_row == len(sample_idx)
-                    sample_idx.append(t + seg.num_tokens - 1)
+                    first = t + seg.num_tokens - seg.num_samples
+                    sample_idx += range(first, t + seg.num_tokens)
                 if seg.logprobs >= 0:
                     prompt_rows.append((seg, t))
                 t += seg.num_tokens

@@ -48,6 +48,18 @@ ENGINE_COUNTERS = {
         "tandem_engine_step_failures",
         "Engine steps that raised; their requests were retried or failed",
     ),
+    "spec_proposed_tokens": (
+        "tandem_spec_proposed_tokens",
+        "Speculative tokens proposed and verified",
+    ),
+    "spec_accepted_tokens": (
+        "tandem_spec_accepted_tokens",
+        "Speculative tokens accepted",
+    ),
+    "spec_verify_steps": (
+        "tandem_spec_verify_steps",
+        "Verify segments (each yields its accepted tokens plus one)",
+    ),
     "oom_recoveries": (
         "tandem_engine_oom_recoveries",
         "Steps that ran out of device memory and were retried smaller",
@@ -102,6 +114,11 @@ class Metrics:
             registry=r,
         )
 
+        self.spec_mean_length = Gauge(
+            "tandem_spec_mean_acceptance_length",
+            "Tokens a verify yields on average (accepted + 1; 0 before any verify)",
+            registry=r,
+        )
         self.live = LiveStats()  # the dashboard's per-second history
 
     def token_arrived(self, seconds: float, *, first: bool) -> None:
@@ -121,6 +138,9 @@ class Metrics:
         for key, gauge in self.engine.items():
             gauge.set(stats.get(key, 0))
         self.engine_totals.stats = stats
+        verifies = stats.get("spec_verify_steps", 0)
+        accepted = stats.get("spec_accepted_tokens", 0)
+        self.spec_mean_length.set(1 + accepted / verifies if verifies else 0.0)
         queried = stats.get("prefix_cache_queried_tokens", 0)
         hits = stats.get("prefix_cache_hit_tokens", 0)
         self.prefix_hit_rate.set(hits / queried if queried else 0.0)

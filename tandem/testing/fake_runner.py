@@ -29,11 +29,24 @@ def fake_token(seed: int, history: Sequence[int]) -> int:
     return (seed * 7919 + len(history) * 104729 + h * 31 + 17) % VOCAB
 
 
-def fake_tokens(seed: int, prompt: list[int], n: int) -> list[int]:
+def copying_token(seed: int, history: Sequence[int]) -> int:
+    """A fake model that mostly repeats what it saw ``period`` tokens back (period 5 + seed
+    % 7), and now and then (one position in 7) does not: n-gram speculation's good case,
+    with rejections mid-proposal."""
+    period = 5 + seed % 7
+    h = fake_token(seed, history)
+    if len(history) < period or h % 7 == 0:
+        return h
+    return history[-period]
+
+
+def fake_tokens(
+    seed: int, prompt: list[int], n: int, token_fn: Callable[[int, Sequence[int]], int] = fake_token
+) -> list[int]:
     """The ``n`` tokens a request with ``seed`` generates after ``prompt``."""
     seq, out = list(prompt), []
     for _ in range(n):
-        out.append(fake_token(seed, seq))
+        out.append(token_fn(seed, seq))
         seq.append(out[-1])
     return out
 
@@ -69,6 +82,8 @@ class FakeRunner:
     words: int = words_for(VOCAB)
     completed_late: int = 0  # chained steps whose sampling waited for grammar masks
     resets: int = 0
+    # The "model": a sampled token from the row's seed and the history before it.
+    token_fn: Callable[[int, Sequence[int]], int] = fake_token
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -103,11 +118,11 @@ class FakeRunner:
             for i, tok in enumerate(inputs):
                 pos = seg.start + i
                 self.slots[seg.pages[pos // p] * p + pos % p] = tok
-            if seg.sample_row >= 0:
-                history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(seg.end)]
+            for i, pos in enumerate(seg.sample_positions):
+                history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(pos + 1)]
                 assert None not in history, f"{seg.request_id} attends to unwritten KV"
-                seed = plan.sampling.seed[seg.sample_row]
-                tokens[seg.sample_row] = fake_token(seed, history)  # type: ignore[arg-type]
+                seed = plan.sampling.seed[seg.sample_row + i]
+                tokens[seg.sample_row + i] = self.token_fn(seed, history)  # type: ignore[arg-type]
         handle = FakeHandle(plan, None, raw=tuple(tokens))
         self._unfinalized.append(handle)
         if plan.sampling.constrained and masks is None:

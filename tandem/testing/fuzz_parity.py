@@ -34,10 +34,18 @@ class FuzzReport:
     hit_tokens: int = 0
     retractions: int = 0
     evictions: int = 0
+    spec_accepted: int = 0
     seconds: float = 0.0
 
 
-def run(model_dir: str, num_requests: int, seed: int = 0, *, overlap: bool = True) -> FuzzReport:
+def run(
+    model_dir: str,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    overlap: bool = True,
+    speculative: str | None = None,
+) -> FuzzReport:
     import tandem.runner  # noqa: F401, I001  (preloads BLAS before mlx)
     from tandem import LLM, SamplingParams
     import mlx.core as mx
@@ -53,6 +61,7 @@ def run(model_dir: str, num_requests: int, seed: int = 0, *, overlap: bool = Tru
         max_num_seqs=12,
         max_num_batched_tokens=rng.choice([5, 16, 64]),
         kv_budget_tokens=96 * 16,  # a small pool: evictions and retractions happen
+        speculative=speculative,
     )
     engine = llm.engine
     vocab = llm.tokenizer.vocab_size
@@ -144,6 +153,7 @@ def run(model_dir: str, num_requests: int, seed: int = 0, *, overlap: bool = Tru
     stats = engine.scheduler.stats
     report.hit_tokens, report.retractions = stats.hit_tokens, stats.retractions
     report.evictions = engine.scheduler.kv.evicted_pages
+    report.spec_accepted = stats.spec_accepted
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -164,13 +174,20 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--speculative", choices=("ngram",))
     args = p.parse_args()
-    r = run(args.model, args.requests, args.seed, overlap=not args.no_overlap)
+    r = run(
+        args.model,
+        args.requests,
+        args.seed,
+        overlap=not args.no_overlap,
+        speculative=args.speculative,
+    )
     print(
         f"fuzz parity: {r.requests} requests, {r.steps} steps, {r.aborted} aborted, "
         f"{r.stopped_early} stopped early on a stop token, prefix hits {r.hit_tokens} tokens, "
         f"{r.retractions} retractions, {r.evictions} evictions, {len(r.mismatches)} mismatches, "
-        f"{r.ties} float32 near-ties "
+        f"{r.ties} float32 near-ties, {r.spec_accepted} speculative tokens accepted "
         f"({r.seconds:.0f} s)"
     )
     return 1 if r.mismatches else 0

@@ -18,6 +18,9 @@ STATS = {
     "engine_restarts": 1,
     "step_failures": 2,
     "oom_recoveries": 1,
+    "spec_proposed_tokens": 40,
+    "spec_accepted_tokens": 30,
+    "spec_verify_steps": 10,
 }
 
 
@@ -45,4 +48,15 @@ def test_every_engine_stat_is_exported_once_and_counters_follow_each_scrape():
     assert later["tandem_num_retractions"][1] == {"tandem_num_retractions_total": 9}
     assert families(Metrics().render({}))["tandem_engine_restarts"][1] == {
         "tandem_engine_restarts_total": 0
+    }
+
+
+def test_mean_acceptance_length_is_accepted_per_verify_plus_one():
+    got = families(Metrics().render(STATS))
+    assert got["tandem_spec_mean_acceptance_length"][1] == {
+        "tandem_spec_mean_acceptance_length": 4.0
+    }
+    off = families(Metrics().render({"running": 0}))
+    assert off["tandem_spec_mean_acceptance_length"][1] == {
+        "tandem_spec_mean_acceptance_length": 0.0
     }

@@ -1,0 +1,151 @@
+"""Speculative decoding with n-gram (prompt lookup) proposals, inside continuous batching.
+
+A request in speculation proposes up to K tokens from its own history: the tokens that
+followed the latest earlier occurrence of its last n tokens (n from ``max_n`` down to
+``min_n``). One *verify segment* feeds its last token and the K proposals and samples all
+K + 1 positions in the same forward as every other row of the step; on the host, proposal i
+is accepted while it equals the token sampled before it, and the first token that differs
+(or the one after the last proposal) is the free extra token. Output is what plain greedy
+decoding gives, token for token: each accepted token is the argmax at its position given
+exactly the tokens before it.
+
+Which requests speculate (the rest decode as before, chained on the step in flight):
+- greedy rows without grammar or penalties (their sampled tokens are deterministic functions
+  of the logits, so the acceptance test above is exact); sampled rows decode plainly;
+- only while the step's decode batch is at most ``max_batch`` (a larger step is no longer
+  bound by weight traffic and host work, so verifying extra positions costs real compute);
+- a request whose proposals keep failing backs off: after ``patience`` verify steps that
+  accepted nothing it decodes plainly for ``backoff`` tokens, doubling each time.
+
+A verify segment needs its last token on the host, so a speculating request never rides a
+chained step lazily: it sits out the step built while its verify is in flight, and joins the
+next with its tokens known (a single stream then runs one step at a time, which is what
+verification needs anyway).
+
+Rejected positions' KV stays in the request's pages as garbage past its length (attention
+reads only up to each query's position, and the next write overwrites it); whole pages past
+the new length go back to the pool when the verify step is finalized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    num_tokens: int = 0  # K, proposals per verify (0: speculation off)
+    max_n: int = 4  # longest n-gram matched
+    min_n: int = 1  # shortest
+    max_batch: int = 8  # decode rows in a step above which no request speculates
+    patience: int = 4  # verify steps accepting nothing before backing off
+    backoff: int = 16  # plain tokens after the first back-off (doubles each time)
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_tokens > 0
+
+
+class NgramIndex:
+    """The latest start of every n-gram (``min_n <= n <= max_n``) of a growing token list,
+    except those ending at its last token (so a lookup never matches the suffix itself)."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.last: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this index are in ``last``
+
+    def extend(self, tokens: list[int]) -> None:
+        """Catch up with ``tokens`` (the request's whole history, which only grows)."""
+        self.tokens = tokens
+        end = len(tokens) - 1  # n-grams ending at the last token stay out
+        for j in range(self._indexed, end):
+            for n in range(self.min_n, self.max_n + 1):
+                if j - n + 1 < 0:
+                    break
+                self.last[tuple(tokens[j - n + 1 : j + 1])] = j - n + 1
+        self._indexed = max(self._indexed, end)
+
+    def propose(self, k: int) -> list[int]:
+        """``k`` tokens copied from after the latest earlier occurrence of the longest suffix
+        that occurred before ([] when none did). The copy may run on into the tokens it is
+        proposing (as an LZ77 match does), so a loop of period p < k is proposed in full."""
+        toks = self.tokens
+        for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
+            start = self.last.get(tuple(toks[len(toks) - n :]))
+            if start is not None:
+                out: list[int] = []
+                for j in range(start + n, start + n + k):
+                    out.append(toks[j] if j < len(toks) else out[j - len(toks)])
+                return out
+        return []
+
+
+@dataclass
+class SpecState:
+    """One request's speculation: its n-gram index, back-off and counts."""
+
+    index: NgramIndex
+    failures: int = 0  # verify steps in a row that accepted nothing
+    plain_left: int = 0  # tokens to decode plainly before speculating again
+    next_backoff: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    verifies: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.plain_left <= 0
+
+    def record(self, cfg: SpecConfig, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.verifies += 1
+        self.failures = 0 if accepted else self.failures + 1
+        if self.failures >= cfg.patience:
+            self.failures = 0
+            self.next_backoff = self.next_backoff * 2 if self.next_backoff else cfg.backoff
+            self.plain_left = self.next_backoff
+
+    def no_proposal(self, cfg: SpecConfig) -> None:
+        """Nothing to propose: it costs the request its place in chained steps, so it counts
+        against it like a verify that accepted nothing."""
+        self.record(cfg, 0, 0)
+        self.verifies -= 1
+
+    def plain_tokens(self, n: int) -> None:
+        """``n`` tokens were decoded plainly (counts down a back-off)."""
+        self.plain_left = max(0, self.plain_left - n)
+
+
+def eligible(params) -> bool:
+    """Requests whose speculation is exact: greedy, unconstrained, no penalties."""
+    return params.temperature == 0 and not params.penalized and not params.guided
+
+
+def accepted_tokens(proposal: tuple[int, ...], sampled: tuple[int, ...]) -> list[int]:
+    """The tokens a verify yields: ``sampled[i]`` is the greedy token after the request's
+    tokens and ``proposal[:i]``; it stands while every proposal before it matched."""
+    assert len(sampled) == len(proposal) + 1
+    out = []
+    for i, token in enumerate(sampled):
+        out.append(token)
+        if i == len(proposal) or token != proposal[i]:
+            break
+    return out
+
+
+def new_state(cfg: SpecConfig) -> SpecState:
+    return SpecState(NgramIndex(cfg.min_n, cfg.max_n))
+
+
+def propose(req, cfg: SpecConfig) -> list[int]:
+    """The request's next proposal: at most K tokens, and never past its max_tokens (the
+    verify yields one token more than it accepts)."""
+    room = req.params.max_tokens - len(req.output_token_ids) - 1
+    k = min(cfg.num_tokens, room)
+    if k <= 0:
+        return []
+    req.spec.index.extend(req.token_ids())
+    return req.spec.index.propose(k)

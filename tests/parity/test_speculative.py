@@ -1,0 +1,70 @@
+"""N-gram speculative decoding on real tiny models: greedy output equal to mlx-lm's
+``generate_step`` (and so to Tandem without speculation) under staggered arrivals, prefix
+hits, stop tokens, aborts, page boundaries inside accepted runs and a fuzzed schedule, overlap
+on and off; log-probabilities of accepted tokens; hybrid models refused with the reason."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_mlx_lm_parity import greedy, reference, run_staggered
+
+from tandem import LLM
+from tandem.testing.fuzz_parity import run as fuzz
+
+SPEC = {"speculative": "ngram", "num_speculative_tokens": 4}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_staggered_requests_match_mlx_lm_overlap_on_and_off(tiny_model_dir, arch):
+    path = tiny_model_dir(arch)
+    results = []
+    for overlap in (True, False):
+        llm = LLM(str(path), overlap=overlap, check_invariants=True, max_num_seqs=32, **SPEC)
+        results.append(run_staggered(llm, path, random.Random(arch)))
+        # Verifies ran (short random outputs reject most proposals: the cut-back path).
+        assert llm.engine.scheduler.stats.spec_verifies > 0
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_repetitive_output_speculates_across_page_boundaries(tiny_model_dir, overlap):
+    """A prompt the model continues in a loop: long accepted runs, many crossing the
+    4-position pages; equal to mlx-lm."""
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, kv_page_size=4, **SPEC)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 500) for _ in range(6)] * 4 for _ in range(4)]
+    outs = llm.generate(prompts, greedy(80))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference(path, prompt, 80)
+    stats = llm.engine.scheduler.stats
+    assert stats.spec_accepted > 0
+    steps = llm.engine.loop.num_steps
+    assert steps < 4 * 80  # fewer steps than one token per request per step would take
+
+
+def test_logprobs_of_accepted_tokens_equal_plain_decoding(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    prompt = [11, 12, 13, 14] * 5
+    plain = LLM(str(path)).generate([prompt], greedy(40, logprobs=3))[0]
+    llm = LLM(str(path), **SPEC)
+    spec = llm.generate([prompt], greedy(40, logprobs=3))[0]
+    assert spec.token_ids == plain.token_ids
+    assert llm.engine.scheduler.stats.spec_accepted > 0
+    for (lp_a, top_a), (lp_b, top_b) in zip(spec.logprobs, plain.logprobs, strict=True):
+        assert abs(lp_a - lp_b) < 1e-4
+        assert [t for t, _ in top_a] == [t for t, _ in top_b]
+
+
+@pytest.mark.parametrize(("overlap", "seed"), [(True, 7), (False, 8)])
+def test_fuzzed_schedule_with_speculation_is_token_exact(tiny_model_dir, overlap, seed):
+    report = fuzz(str(tiny_model_dir("qwen3")), 80, seed, overlap=overlap, speculative="ngram")
+    assert report.mismatches == []
+    assert report.aborted > 0 and report.hit_tokens > 0 and report.spec_accepted > 0
+
+
+def test_hybrid_models_are_refused_with_the_reason(family_model_dir):
+    with pytest.raises(ValueError, match="speculative decoding is not supported for qwen3_next"):
+        LLM(str(family_model_dir("qwen3_next")), **SPEC)

@@ -1,0 +1,209 @@
+"""N-gram speculative decoding in the scheduler, with the fake runner: a verify segment's
+rows, accepted runs cut at the first mismatch or stop, KV cut back and pages released, the
+back-off, and — the point — output identical to plain greedy decoding under staggered
+arrivals, aborts in flight, page boundaries inside accepted runs, prefix hits, page pressure
+and overlap on and off, with the invariants checked every step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem.engine.engine import Engine
+from tandem.engine.scheduler import SchedulerConfig
+from tandem.engine.speculation import NgramIndex, SpecConfig, SpecState, accepted_tokens
+from tandem.sampling_params import SamplingParams
+from tandem.testing.fake_runner import FakeRunner, copying_token, fake_tokens
+
+P = 4
+
+
+# ---- the proposer and the acceptance rule -------------------------------------------------
+def test_ngram_index_proposes_what_followed_the_latest_longest_match():
+    idx = NgramIndex(1, 3)
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]
+    idx.extend(toks)
+    assert idx.propose(3) == [7, 5, 1]  # "1 2 3" last occurred at 4: then 7 5 1
+    toks += [7]  # the suffix "3 7" / "2 3 7" occurred at 6..7, followed by 5 1 2
+    idx.extend(toks)
+    assert idx.propose(2) == [5, 1]
+    assert idx.propose(6) == [5, 1, 2, 3, 7, 5]  # the copy runs on into its own proposal
+    loop = NgramIndex(1, 4)
+    loop.extend([9, 4, 6, 4, 6])
+    assert loop.propose(5) == [4, 6, 4, 6, 4]  # period 2: proposed in full
+    assert NgramIndex(1, 3).propose(4) == []
+    lone = NgramIndex(1, 2)
+    lone.extend([4, 5, 6])
+    assert lone.propose(4) == []  # nothing repeats: the suffix never matches itself
+    short = NgramIndex(2, 3)
+    short.extend([8, 1, 8])
+    assert short.propose(3) == []  # only a 1-gram repeats; min_n is 2
+
+
+def test_accepted_tokens_stop_at_the_first_mismatch():
+    assert accepted_tokens((5, 6, 7), (5, 6, 7, 8)) == [5, 6, 7, 8]  # all + the free one
+    assert accepted_tokens((5, 6, 7), (5, 9, 7, 8)) == [5, 9]
+    assert accepted_tokens((5, 6, 7), (4, 6, 7, 8)) == [4]
+    assert accepted_tokens((), (3,)) == [3]
+
+
+def test_back_off_after_failures_doubles():
+    cfg = SpecConfig(num_tokens=4, patience=2, backoff=3)
+    s = SpecState(NgramIndex(1, 2))
+    s.record(cfg, 4, 0)
+    assert s.active
+    s.record(cfg, 4, 0)
+    assert not s.active and s.plain_left == 3
+    s.plain_tokens(3)
+    assert s.active
+    s.no_proposal(cfg)
+    s.no_proposal(cfg)
+    assert s.plain_left == 6 and s.verifies == 2
+    s.plain_tokens(6)
+    s.record(cfg, 4, 1)  # any acceptance resets the count
+    s.record(cfg, 4, 0)
+    assert s.active
+
+
+# ---- the engine on the fake runner --------------------------------------------------------
+def engine_for(overlap: bool, k: int = 4, **cfg) -> tuple[Engine, FakeRunner]:
+    base = {
+        "max_num_seqs": 8,
+        "max_model_len": 4096,
+        "page_size": P,
+        "max_num_batched_tokens": 32,
+        "speculation": SpecConfig(num_tokens=k, max_batch=8, patience=3, backoff=4),
+    }
+    config = SchedulerConfig(**{**base, **cfg})
+    runner = FakeRunner(config.num_pages, config.page_size, token_fn=copying_token)
+    return Engine(runner, config, overlap=overlap, check_invariants=True), runner
+
+
+def params(n: int, seed: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=n, seed=seed, temperature=0, ignore_eos=True, **kw)
+
+
+def drive(engine: Engine, arrivals: dict[int, list[tuple]], aborts: dict[int, str] | None = None):
+    """Step the engine, adding (rid, prompt, seed, max_tokens) at their step and aborting
+    ids at theirs; returns each request's tokens and finish reason."""
+    aborts = aborts or {}
+    got: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    step = 0
+    while engine.has_unfinished() or any(s >= step for s in arrivals):
+        for rid, prompt, seed, n in arrivals.get(step, []):
+            engine.add_request(prompt, params(n, seed), rid)
+            got[rid] = []
+        if step in aborts:
+            engine.abort(aborts[step])
+        for out in engine.step():
+            assert out.finish_reason != "error", out.error
+            got[out.request_id] += out.new_token_ids
+            if out.finish_reason:
+                reasons[out.request_id] = out.finish_reason
+        engine.check_invariants()
+        step += 1
+    return got, reasons
+
+
+def expected(seed: int, prompt: list[int], n: int) -> list[int]:
+    return fake_tokens(seed, prompt, n, copying_token)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_single_stream_is_exact_and_accepts_runs(overlap):
+    engine, runner = engine_for(overlap)
+    prompt = [7, 3, 9, 1, 4, 4, 2]
+    got, reasons = drive(engine, {0: [("a", prompt, 2, 120)]})
+    assert got["a"] == expected(2, prompt, 120) and reasons["a"] == "length"
+    stats = engine.scheduler.stats
+    assert stats.spec_verifies > 5 and stats.spec_accepted > 40
+    # Fewer steps than tokens: accepted runs came several tokens a step.
+    assert len(runner.launched) < 120 * 0.7
+    verify = [s for p in runner.launched for s in p.segments if s.num_samples > 1]
+    assert verify and all(s.num_tokens == s.num_samples <= 5 for s in verify)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_off_and_on_give_the_same_tokens(overlap):
+    base_engine, _ = engine_for(overlap, speculation=SpecConfig())
+    arrivals = {0: [("a", [5, 6, 7, 5, 6, 7], 4, 50), ("b", [1, 2, 3], 1, 40)]}
+    plain, _ = drive(base_engine, arrivals)
+    engine, _ = engine_for(overlap)
+    spec, _ = drive(engine, arrivals)
+    assert spec == plain
+    assert engine.scheduler.stats.spec_accepted > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_staggered_load_with_hits_aborts_and_page_pressure_is_exact(overlap):
+    rng = random.Random(5)
+    shared = [rng.randrange(1000) for _ in range(13)]
+    arrivals: dict[int, list[tuple]] = {}
+    want: dict[str, tuple[list[int], int, int]] = {}
+    for i in range(18):
+        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1000) for _ in range(1 + i % 9)]
+        seed, n = rng.randrange(100), rng.randrange(5, 60)
+        arrivals.setdefault(rng.randrange(40), []).append((f"r{i}", prompt, seed, n))
+        want[f"r{i}"] = (prompt, seed, n)
+    aborts = {12: "r4", 25: "r9"}
+    # A small pool: verify pages and retractions compete (48 pages of 4 positions).
+    engine, _ = engine_for(overlap, kv_budget_tokens=48 * P, max_num_seqs=6)
+    got, reasons = drive(engine, arrivals, aborts)
+    for rid, (prompt, seed, n) in want.items():
+        full = expected(seed, prompt, n)
+        if reasons[rid] == "abort":
+            assert got[rid] == full[: len(got[rid])], rid
+        else:
+            assert got[rid] == full and reasons[rid] == "length", rid
+    stats = engine.scheduler.stats
+    assert stats.spec_accepted > 0 and stats.hit_tokens > 0
+    # Everything went back: no page held once all ended.
+    assert engine.scheduler.kv.num_held == 0
+
+
+def test_stop_token_inside_an_accepted_run_ends_there():
+    engine, runner = engine_for(False)
+    prompt = [7, 3, 9, 1, 4, 4, 2]
+    full = expected(2, prompt, 120)
+    # A stop token that appears after speculation has started accepting runs.
+    stop = full[60]
+    first = full.index(stop)
+    engine.add_request(
+        prompt, SamplingParams(max_tokens=120, seed=2, temperature=0, stop_token_ids=[stop]), "a"
+    )
+    out: list[int] = []
+    reason = None
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids
+            reason = o.finish_reason or reason
+        engine.check_invariants()
+    assert out == full[: first + 1] and reason == "stop"
+
+
+def test_max_tokens_caps_the_proposal():
+    engine, runner = engine_for(False, k=8)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    got, reasons = drive(engine, {0: [("a", prompt, 0, 9)]})
+    assert got["a"] == expected(0, prompt, 9) and reasons["a"] == "length"
+    for plan in runner.launched:
+        for seg in plan.segments:
+            # The verify never proposes past the 9th output token.
+            assert seg.end <= len(prompt) + 9
+
+
+def test_large_batches_and_sampled_rows_do_not_speculate():
+    engine, runner = engine_for(True, speculation=SpecConfig(num_tokens=4, max_batch=2))
+    arrivals = {0: [(f"r{i}", [1, 2, 3, 1, 2, 3], i, 30) for i in range(4)]}
+    got, _ = drive(engine, arrivals)
+    assert all(got[f"r{i}"] == expected(i, [1, 2, 3, 1, 2, 3], 30) for i in range(4))
+    # Four decode at first (> max_batch 2): plain chained steps until two are left.
+    first_decodes = [p for p in runner.launched if p.num_rows == 4]
+    assert first_decodes and all(s.num_samples == 1 for p in first_decodes for s in p.segments)
+    sampled, _ = engine_for(True)
+    sampled.add_request([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=20, seed=1), "s")
+    while sampled.has_unfinished():
+        sampled.step()
+    assert sampled.scheduler.stats.spec_verifies == 0  # temperature 1: no speculation
