@@ -184,6 +184,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
+def _bench_speculative(args: argparse.Namespace) -> int:
+    from tandem.bench.speculative import main as run
+
+    return run(args)
+
+
 def _bench_compare(args: argparse.Namespace) -> int:
     from tandem.bench import compare
 
@@ -278,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_arguments(cmp)
     cmp.set_defaults(func=_bench_compare)
+    spc = bsub.add_parser("speculative", help="Tandem with and without n-gram speculation")
+    from tandem.bench.speculative import add_arguments as add_spec_arguments
+
+    add_spec_arguments(spc)
+    spc.set_defaults(func=_bench_speculative)
     return p
 
 

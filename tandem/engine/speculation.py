@@ -9,9 +9,18 @@ is accepted while it equals the token sampled before it, and the first token tha
 decoding gives, token for token: each accepted token is the argmax at its position given
 exactly the tokens before it.
 
+Sampled rows speculate the same way, and stay exact too. For a proposal that is one token
+(a draft distribution q that is one-hot on x), the standard rejection rule — accept x with
+probability min(1, p(x) / q(x)) = p(x), else draw from norm(max(p - q, 0)), p without x — is
+the same as drawing y ~ p and accepting while y == x: P(y == x) = p(x), and y given y != x is
+exactly that residual. Tandem's sampler draws with noise that is a pure function of the row's
+seed and position (runner/sampler.py), so a verify row draws the very token plain decoding
+would draw at that position: the output is token for token the one without speculation, for
+every seed (so its distribution is unchanged).
+
 Which requests speculate (the rest decode as before, chained on the step in flight):
-- greedy rows without grammar or penalties (their sampled tokens are deterministic functions
-  of the logits, so the acceptance test above is exact); sampled rows decode plainly;
+- rows without a grammar or penalties (a grammar needs a mask per proposed position, a
+  penalty counts per position: both not built yet, so those rows decode plainly);
 - only while the step's decode batch is at most ``max_batch`` (a larger step is no longer
   bound by weight traffic and host work, so verifying extra positions costs real compute);
 - a request whose proposals keep failing backs off: after ``patience`` verify steps that
@@ -120,12 +129,12 @@ class SpecState:
 
 
 def eligible(params) -> bool:
-    """Requests whose speculation is exact: greedy, unconstrained, no penalties."""
-    return params.temperature == 0 and not params.penalized and not params.guided
+    """Requests whose speculation is exact: no grammar, no penalties."""
+    return not params.penalized and params.guided is None
 
 
 def accepted_tokens(proposal: tuple[int, ...], sampled: tuple[int, ...]) -> list[int]:
-    """The tokens a verify yields: ``sampled[i]`` is the greedy token after the request's
+    """The tokens a verify yields: ``sampled[i]`` is the token drawn after the request's
     tokens and ``proposal[:i]``; it stands while every proposal before it matched."""
     assert len(sampled) == len(proposal) + 1
     out = []

@@ -68,3 +68,40 @@ def test_fuzzed_schedule_with_speculation_is_token_exact(tiny_model_dir, overlap
 def test_hybrid_models_are_refused_with_the_reason(family_model_dir):
     with pytest.raises(ValueError, match="speculative decoding is not supported for qwen3_next"):
         LLM(str(family_model_dir("qwen3_next")), **SPEC)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sampled_rows_draw_what_plain_decoding_draws_for_every_seed(tiny_model_dir, overlap):
+    """Temperature, top-p, top-k, min-p: with speculation each seed's sample is the one plain
+    decoding gives (the acceptance rule for a one-token proposal is the rejection-sampling
+    rule, and the sampler's noise is a function of seed and position), so the output
+    distribution is unchanged; proposals were accepted and rejected on the way."""
+    from tandem import SamplingParams
+
+    path = tiny_model_dir("llama")
+    prompt = [21, 22, 23, 24, 25] * 4
+    params = [
+        SamplingParams(
+            max_tokens=24,
+            temperature=(0.6, 1.0, 1.3)[s % 3],
+            top_p=(1.0, 0.9)[s % 2],
+            top_k=(0, 50)[s % 2],
+            min_p=0.02 if s % 5 == 0 else 0.0,
+            seed=s,
+            ignore_eos=True,
+            logprobs=1 if s % 4 == 0 else None,
+        )
+        for s in range(48)
+    ]
+    plain = LLM(str(path), overlap=overlap).generate([prompt] * 48, params)
+    llm = LLM(
+        str(path), overlap=overlap, check_invariants=True, speculative_max_batch=48, **SPEC
+    )
+    spec = llm.generate([prompt] * 48, params)
+    for a, b in zip(spec, plain, strict=True):
+        assert a.token_ids == b.token_ids
+        if b.logprobs is not None:
+            assert [t for _, t in a.logprobs] == [t for _, t in b.logprobs]
+    stats = llm.engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed
+    assert len({tuple(o.token_ids) for o in spec}) > 10

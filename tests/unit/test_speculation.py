@@ -194,7 +194,7 @@ def test_max_tokens_caps_the_proposal():
             assert seg.end <= len(prompt) + 9
 
 
-def test_large_batches_and_sampled_rows_do_not_speculate():
+def test_large_batches_and_constrained_rows_do_not_speculate():
     engine, runner = engine_for(True, speculation=SpecConfig(num_tokens=4, max_batch=2))
     arrivals = {0: [(f"r{i}", [1, 2, 3, 1, 2, 3], i, 30) for i in range(4)]}
     got, _ = drive(engine, arrivals)
@@ -202,8 +202,9 @@ def test_large_batches_and_sampled_rows_do_not_speculate():
     # Four decode at first (> max_batch 2): plain chained steps until two are left.
     first_decodes = [p for p in runner.launched if p.num_rows == 4]
     assert first_decodes and all(s.num_samples == 1 for p in first_decodes for s in p.segments)
-    sampled, _ = engine_for(True)
-    sampled.add_request([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=20, seed=1), "s")
-    while sampled.has_unfinished():
-        sampled.step()
-    assert sampled.scheduler.stats.spec_verifies == 0  # temperature 1: no speculation
+    penalized, _ = engine_for(True)
+    params = SamplingParams(max_tokens=20, seed=1, presence_penalty=0.5)
+    penalized.add_request([1, 2, 3, 1, 2, 3], params, "s")
+    while penalized.has_unfinished():
+        penalized.step()
+    assert penalized.scheduler.stats.spec_verifies == 0  # penalties: no speculation
