@@ -58,12 +58,16 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     memory = kv_memory_bytes(config.kv_memory_fraction)
     snapshots = 0
     if state_slots and config.prefix_cache:
-        # Snapshot slots of states for the prefix cache, unless set: each running request's
-        # checkpoint and as many cached states again, in at most a quarter of the KV memory.
+        # Snapshot slots of states for the prefix cache, unless set: a multi-turn chat keeps
+        # up to two states per turn (its prompt's last page boundary and its end), and more
+        # conversations stay alive than run at once (their users are typing), so 8 per
+        # running sequence (at least 64), in at most a quarter of the KV memory. With 2 per
+        # sequence, 8 conversations of 4 turns on the H200 reused 0-5% of their prompts;
+        # with 64 slots 17/55/69% (docs/benchmarks.md, "Multi-turn").
         snapshots = config.state_snapshots
         if snapshots is None:
             cap = int(memory // 4 // runner.state_bytes_per_seq)
-            snapshots = min(2 * config.max_num_seqs, cap)
+            snapshots = min(max(8 * config.max_num_seqs, 64), cap)
     # More than every sequence at full length (twice, with the prefix cache) is unused; a
     # recurrent model has a prefix cache only with snapshot slots.
     cached = config.prefix_cache and (snapshots > 0 or not state_slots)

@@ -149,7 +149,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         "--state-snapshots",
         type=int,
         help="models with recurrent layers: states the prefix cache keeps (default: "
-        "2 x --max-num-seqs, within a quarter of the KV memory; 0: no prefix cache for them)",
+        "8 x --max-num-seqs, at least 64, within a quarter of the KV memory; 0: no prefix "
+        "cache for them)",
     )
     p.add_argument(
         "--speculative",

@@ -27,7 +27,8 @@ class EngineConfig:
     kv_decode_kernel: bool | None = None
     prefix_cache: bool = True
     # Models with recurrent layers: states the prefix cache keeps (a hit resumes from one;
-    # None: 2 x max_num_seqs within a quarter of the KV memory; 0: no prefix cache for them).
+    # None: 8 x max_num_seqs, at least 64, within a quarter of the KV memory; 0: no prefix
+    # cache for them).
     state_snapshots: int | None = None
     # Speculative decoding: None (off) or "ngram" (prompt lookup); K proposed tokens per
     # verify; no speculation once more than speculative_max_batch requests decode.
