@@ -7,7 +7,12 @@ from tandem.engine.plan import RowSampling
 from tandem.engine.request import Request
 
 
-def row_sampling(reqs: list[Request]) -> RowSampling:
+def row_sampling(
+    reqs: list[Request], drafted: dict[int, tuple[int, ...]] | None = None
+) -> RowSampling:
+    """``drafted``: rows of verify segments (engine/speculation.py) whose position comes
+    after proposed tokens; a penalty counts those as output already."""
+    drafted = drafted or {}
     temps, ks, ps, seeds, min_ps, min_pos = [], [], [], [], [], []
     bias: list[tuple[int, int, float]] = []
     suppress: list[tuple[int, int]] = []
@@ -35,7 +40,7 @@ def row_sampling(reqs: list[Request]) -> RowSampling:
                     p.frequency_penalty,
                     p.repetition_penalty,
                     tuple(req.prompt_token_ids) if p.repetition_penalty != 1 else (),
-                    tuple(req.output_token_ids),
+                    tuple(req.output_token_ids) + drafted.get(row, ()),
                 )
             )
         if p.min_tokens and req.stop_ids:

@@ -340,6 +340,12 @@ class Scheduler:
             for pos, slot in seg.snapshots:
                 self.kv.keep_snapshot(tokens, pos, slot)
         ids = tuple(r.request_id for r in sampled)
+        drafted = {
+            seg.sample_row + i: seg.token_ids[1 : 1 + i]
+            for seg in segments
+            if seg.num_samples > 1
+            for i in range(1, seg.num_samples)
+        }
         reuse = (
             parent is not None
             and ids == parent.sample_request_ids
@@ -351,7 +357,7 @@ class Scheduler:
             segments=tuple(segments),
             sample_request_ids=ids,
             sample_positions=tuple(p for s in segments for p in s.sample_positions),
-            sampling=parent.sampling if reuse and parent else row_sampling(sampled),
+            sampling=parent.sampling if reuse and parent else row_sampling(sampled, drafted),
             parent_step=parent.step_id if parent is not None else 0,
             reuse_sampling=reuse,
         )

@@ -19,8 +19,9 @@ would draw at that position: the output is token for token the one without specu
 every seed (so its distribution is unchanged).
 
 Which requests speculate (the rest decode as before, chained on the step in flight):
-- rows without a grammar or penalties (a grammar needs a mask per proposed position, a
-  penalty counts per position: both not built yet, so those rows decode plainly);
+- rows without a grammar (it would need a mask per proposed position, not built yet: those
+  rows decode plainly). Penalties work: a verify row counts the proposals before its
+  position as output (engine/sampling_rows.py), as plain decoding would have;
 - only while the step's decode batch is at most ``max_batch`` (a larger step is no longer
   bound by weight traffic and host work, so verifying extra positions costs real compute);
 - a request whose proposals keep failing backs off: after ``patience`` verify steps that
@@ -129,8 +130,8 @@ class SpecState:
 
 
 def eligible(params) -> bool:
-    """Requests whose speculation is exact: no grammar, no penalties."""
-    return not params.penalized and params.guided is None
+    """Requests whose speculation is exact: all but grammar-constrained ones."""
+    return params.guided is None
 
 
 def accepted_tokens(proposal: tuple[int, ...], sampled: tuple[int, ...]) -> list[int]:

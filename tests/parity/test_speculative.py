@@ -94,9 +94,7 @@ def test_sampled_rows_draw_what_plain_decoding_draws_for_every_seed(tiny_model_d
         for s in range(48)
     ]
     plain = LLM(str(path), overlap=overlap).generate([prompt] * 48, params)
-    llm = LLM(
-        str(path), overlap=overlap, check_invariants=True, speculative_max_batch=48, **SPEC
-    )
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=48, **SPEC)
     spec = llm.generate([prompt] * 48, params)
     for a, b in zip(spec, plain, strict=True):
         assert a.token_ids == b.token_ids
@@ -105,3 +103,31 @@ def test_sampled_rows_draw_what_plain_decoding_draws_for_every_seed(tiny_model_d
     stats = llm.engine.scheduler.stats
     assert 0 < stats.spec_accepted < stats.spec_proposed
     assert len({tuple(o.token_ids) for o in spec}) > 10
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_penalized_rows_speculate_and_match_plain_decoding(tiny_model_dir, overlap):
+    """Presence, frequency and repetition penalties: each verify row counts the proposals
+    before it, so the tokens are plain decoding's (which test_mlx_lm_parity checks against a
+    reference processor)."""
+    from tandem import SamplingParams
+
+    path = tiny_model_dir("llama")
+    prompt = [31, 32, 33, 34] * 5
+    params = [
+        SamplingParams(
+            max_tokens=30,
+            temperature=(0, 0.8)[s % 2],
+            seed=s,
+            presence_penalty=(0.0, 0.4)[s % 2],
+            frequency_penalty=(0.3, 0.0)[s % 2],
+            repetition_penalty=(1.0, 1.2, 1.1)[s % 3],
+            ignore_eos=True,
+        )
+        for s in range(12)
+    ]
+    plain = LLM(str(path), overlap=overlap).generate([prompt] * 12, params)
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=16, **SPEC)
+    spec = llm.generate([prompt] * 12, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert llm.engine.scheduler.stats.spec_verifies > 0

@@ -202,9 +202,30 @@ def test_large_batches_and_constrained_rows_do_not_speculate():
     # Four decode at first (> max_batch 2): plain chained steps until two are left.
     first_decodes = [p for p in runner.launched if p.num_rows == 4]
     assert first_decodes and all(s.num_samples == 1 for p in first_decodes for s in p.segments)
-    penalized, _ = engine_for(True)
-    params = SamplingParams(max_tokens=20, seed=1, presence_penalty=0.5)
-    penalized.add_request([1, 2, 3, 1, 2, 3], params, "s")
-    while penalized.has_unfinished():
-        penalized.step()
-    assert penalized.scheduler.stats.spec_verifies == 0  # penalties: no speculation
+    guided, runner = engine_for(True)
+    guided.add_request([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=20, seed=1), "s")
+    guided.scheduler.waiting[0].spec = None  # what add() does for a guided request
+    while guided.has_unfinished():
+        guided.step()
+    assert guided.scheduler.stats.spec_verifies == 0
+
+
+def test_verify_rows_count_the_proposals_before_them_as_output():
+    engine, runner = engine_for(False)
+    params = SamplingParams(max_tokens=40, seed=2, temperature=0, presence_penalty=0.5)
+    prompt = [7, 3, 9, 1, 4, 4, 2]
+    engine.add_request(prompt, params, "p")
+    out: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids
+        engine.check_invariants()
+    verify = [p for p in runner.launched if any(s.num_samples > 1 for s in p.segments)]
+    assert verify
+    for plan in verify:
+        seg = next(s for s in plan.segments if s.num_samples > 1)
+        pens = {row: ids for row, *_, ids in plan.sampling.penalties}
+        base = pens[seg.sample_row]
+        for i in range(1, seg.num_samples):
+            assert pens[seg.sample_row + i] == base + seg.token_ids[1 : 1 + i]
+    assert out == expected(2, prompt, 40)
