@@ -9,8 +9,9 @@ Workloads:
 
 Each stream count B runs B such requests together (different files), greedy, EOS ignored,
 first with ``max_tokens=1`` (so the timed run reads its prompt from the prefix cache and
-measures decoding), then timed. Every configuration must give the same tokens as speculation
-off (greedy is exact); the table gives output tok/s, the ratio to off, and the acceptance.
+measures decoding), then timed. One engine per K (off first) runs every workload and batch.
+Every configuration must give the same tokens as speculation off (greedy is exact); the table
+gives output tok/s, the ratio to off, and the acceptance.
 
     tandem bench speculative [--model M] [--streams 1,4,64] [--num-tokens 4,8]
 """
@@ -61,21 +62,9 @@ def random_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(n)]
 
 
-def run_config(
-    model: str | None,
-    spec_tokens: int,
-    prompts: list[list[int]],
-    max_tokens: int,
-    repeats: int,
-    **engine: Any,
-) -> dict[str, Any]:
-    from tandem import LLM, SamplingParams
+def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict[str, Any]:
+    from tandem import SamplingParams
 
-    options = dict(engine)
-    if spec_tokens:
-        options.update(speculative="ngram", num_speculative_tokens=spec_tokens)
-    llm = LLM(model, max_num_seqs=max(8, len(prompts)), **options)
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
     llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0))  # prompts cached
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     times, outs = [], []
@@ -90,7 +79,7 @@ def run_config(
     accepted = stats.spec_accepted - before[1]
     verifies = stats.spec_verifies - before[2]
     return {
-        "spec_tokens": spec_tokens,
+        "spec_tokens": llm.config.num_speculative_tokens if llm.config.speculative else 0,
         "streams": len(prompts),
         "tok_s": tokens / statistics.median(times),
         "times": times,
@@ -113,33 +102,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tandem import LLM
+    import gc
 
-    probe = LLM(args.model, dtype=args.dtype)
-    rows = []
-    ks = [int(k) for k in args.num_tokens.split(",") if k]
-    for workload in args.workloads.split(","):
-        make = copy_prompts if workload == "copy" else random_prompts
-        for b in [int(x) for x in args.streams.split(",")]:
-            prompts = make(probe, b, args.prompt_tokens)
-            base = None
-            for k in [0, *ks]:
-                r = run_config(
-                    args.model, k, prompts, args.max_tokens, args.repeats, dtype=args.dtype
-                )
+    import mlx.core as mx
+
+    from tandem import LLM, SamplingParams
+
+    ks = [0, *(int(k) for k in args.num_tokens.split(",") if k)]
+    streams = [int(x) for x in args.streams.split(",")]
+    workloads = args.workloads.split(",")
+    # One pool for every run: the largest batch's prompts and outputs, twice (prefix cache).
+    budget = 2 * max(streams) * (args.prompt_tokens + args.max_tokens + 128)
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+    prompts: dict[tuple[str, int], list[list[int]]] = {}
+    for k in ks:
+        spec = {"speculative": "ngram", "num_speculative_tokens": k} if k else {}
+        llm = LLM(
+            args.model,
+            dtype=args.dtype,
+            max_num_seqs=max(8, *streams),
+            kv_budget_tokens=budget,
+            **spec,
+        )
+        llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+        for workload in workloads:
+            make = copy_prompts if workload == "copy" else random_prompts
+            for b in streams:
+                key = (workload, b)
+                if key not in prompts:
+                    prompts[key] = make(llm, b, args.prompt_tokens)
+                r = run_config(llm, prompts[key], args.max_tokens, args.repeats)
                 r["workload"] = workload
-                if base is None:
-                    base = r
+                base = rows.get((workload, b, 0), r)
                 r["ratio"] = r["tok_s"] / base["tok_s"]
                 r["exact"] = r["token_ids"] == base["token_ids"]
-                rows.append(r)
+                rows[(workload, b, k)] = r
                 print(format_row(r), flush=True)
+        del llm
+        gc.collect()
+        mx.clear_cache()
+    ordered = [rows[(w, b, k)] for w in workloads for b in streams for k in ks]
     print()
-    print(table(rows))
+    print(table(ordered))
     if args.json:
-        keep = [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]
+        keep = [{k: v for k, v in r.items() if k != "token_ids"} for r in ordered]
         Path(args.json).write_text(json.dumps(keep, indent=1))
-    return 0 if all(r["exact"] for r in rows) else 1
+    return 0 if all(r["exact"] for r in ordered) else 1
 
 
 def format_row(r: dict[str, Any]) -> str:
