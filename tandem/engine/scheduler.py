@@ -160,6 +160,11 @@ class Scheduler:
         decodes: list[tuple[Request, int]] = []  # (request, parent row or -1)
         proposals: dict[str, list[int]] = {}  # speculating requests' proposed tokens
         speculate = self._speculating()
+        if speculate and parent is not None and self._anyone_speculating():
+            # A speculating request cannot join a chained step, and letting the others run
+            # on without it would give it every other step: the loop runs one step at a time
+            # while anyone speculates (a verify yields more than the overlap saves).
+            return None
         need = 0
         for req in self.running.values():
             if req.status is not RequestStatus.DECODE or len(decodes) >= budget:
@@ -253,6 +258,12 @@ class Scheduler:
             return False
         decoding = sum(r.status is RequestStatus.DECODE for r in self.running.values())
         return decoding <= spec.max_batch
+
+    def _anyone_speculating(self) -> bool:
+        return any(
+            r.status is RequestStatus.DECODE and r.spec is not None and r.spec.active
+            for r in self.running.values()
+        )
 
     def _fit_proposals(
         self,

@@ -28,9 +28,10 @@ Which requests speculate (the rest decode as before, chained on the step in flig
   accepted nothing it decodes plainly for ``backoff`` tokens, doubling each time.
 
 A verify segment needs its last token on the host, so a speculating request never rides a
-chained step lazily: it sits out the step built while its verify is in flight, and joins the
-next with its tokens known (a single stream then runs one step at a time, which is what
-verification needs anyway).
+chained step lazily. While any request speculates the loop runs one step at a time (the
+scheduler builds no chained step): a chained step without the speculating requests would give
+them every other step only, and a verify yields more than the overlap saves. When every
+request has backed off (or the batch grew past ``max_batch``) the overlap resumes.
 
 Rejected positions' KV stays in the request's pages as garbage past its length (attention
 reads only up to each query's position, and the next write overwrites it); whole pages past

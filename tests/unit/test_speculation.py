@@ -229,3 +229,21 @@ def test_verify_rows_count_the_proposals_before_them_as_output():
         for i in range(1, seg.num_samples):
             assert pens[seg.sample_row + i] == base + seg.token_ids[1 : 1 + i]
     assert out == expected(2, prompt, 40)
+
+
+def test_the_loop_runs_unchained_while_anyone_speculates():
+    """No request is left out of a step for its verify to land: while requests speculate
+    every step is fresh and carries all of them; once they back off the chain resumes."""
+    cfg = SpecConfig(num_tokens=4, max_batch=8, patience=1000, backoff=4)
+    engine, runner = engine_for(True, speculation=cfg)
+    arrivals = {0: [(f"r{i}", [3 + i, 5, 7, 3 + i, 5, 7], i, 40) for i in range(3)]}
+    got, _ = drive(engine, arrivals)
+    assert all(got[f"r{i}"] == expected(i, [3 + i, 5, 7, 3 + i, 5, 7], 40) for i in range(3))
+    decodes = [p for p in runner.launched if all(s.sample_row >= 0 for s in p.segments)]
+    assert decodes and not any(p.chained for p in decodes)
+    assert all(len(p.segments) == 3 for p in decodes[:5])  # everyone, every step
+    # Back-off: the same load with patience 1 soon chains again.
+    engine, runner = engine_for(True, speculation=SpecConfig(num_tokens=4, patience=1))
+    got, _ = drive(engine, {0: [("x", [1, 2, 3, 4, 5, 6, 7, 8], 3, 60)]})
+    assert got["x"] == expected(3, [1, 2, 3, 4, 5, 6, 7, 8], 60)
+    assert engine.loop.num_chained > 0 and engine.scheduler.stats.spec_verifies > 0
