@@ -1,8 +1,9 @@
 """A step's layout, built once from the plan and shared by every layer.
 
 A paged step feeds its tokens as a batch of single-token sequences. Single-token segments
-(decodes) are attended in groups of similar length over their own pages (or all in one group
-by the decode kernel); a multi-token segment (a prefill chunk) gathers its own pages — or,
+(decodes), and each position of a speculative verify segment, are attended in groups of
+similar length over their own pages (or all in one group by the decode kernel); a multi-token
+segment (a prefill chunk) gathers its own pages — or,
 starting at 0, attends to its fresh keys. A sliding-window layer reads only the last W
 positions of each segment, so its cost is bounded by the window; the per-window layouts are
 built on first use and shared by every layer of that window. A dense layer (``layers``) gets
@@ -172,13 +173,17 @@ class StepContext:
         chunks: list[ChunkItem] = []
         t = 0
         for seg in self.segments:
-            if seg.num_tokens == 1:
-                lo = 0 if window is None else max(0, seg.end - window)
-                first_page = lo // p
-                decode_idx.append(t)
-                lengths.append(seg.end - first_page * p)
-                starts.append(lo - first_page * p)
-                tables.append(seg.pages[first_page : -(-seg.end // p)])
+            if seg.num_tokens == 1 or seg.num_samples == seg.num_tokens:
+                # A decode, or a speculative verify segment: each of its positions attends
+                # like a decode of its own (keys up to and including it, already in the
+                # pool), batched with the step's decodes instead of a chunk of its own.
+                for i, end in enumerate(range(seg.start + 1, seg.end + 1)):
+                    lo = 0 if window is None else max(0, end - window)
+                    first_page = lo // p
+                    decode_idx.append(t + i)
+                    lengths.append(end - first_page * p)
+                    starts.append(lo - first_page * p)
+                    tables.append(seg.pages[first_page : -(-end // p)])
             else:
                 chunks.append(self._chunk(seg, t, window))
             t += seg.num_tokens

@@ -131,3 +131,17 @@ def test_penalized_rows_speculate_and_match_plain_decoding(tiny_model_dir, overl
     spec = llm.generate([prompt] * 12, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert llm.engine.scheduler.stats.spec_verifies > 0
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "deepseek_v3"])
+def test_windowed_sink_and_mla_models_speculate_exactly(family_model_dir, model_type):
+    """Verify positions attend like decodes: inside sliding windows (gemma3), with attention
+    sinks (gpt-oss) and over MLA latents (dense layers): equal to plain decoding."""
+    path = str(family_model_dir(model_type))
+    rng = random.Random(model_type)
+    prompts = [[rng.randrange(3, 200) for _ in range(5)] * 6 for _ in range(3)]
+    plain = LLM(path).generate(prompts, greedy(48))
+    llm = LLM(path, check_invariants=True, kv_page_size=4, **SPEC)
+    spec = llm.generate(prompts, greedy(48))
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert llm.engine.scheduler.stats.spec_verifies > 0
