@@ -119,6 +119,26 @@ class Matcher:
         self.consumed += 1
         return bool(self._m.consume_token(token))
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar would accept in a row (nothing consumed)."""
+        if self._m.is_error():
+            return 0
+        return int(self._m.validate_tokens(tokens))
+
+    def masks_after(self, tokens: tuple[int, ...], out: list[np.ndarray]) -> None:
+        """``out[i]`` = the allowed tokens after ``tokens[:i + 1]`` (each valid in turn,
+        see ``valid_prefix``); the matcher is rolled back to where it was."""
+        consumed = 0
+        try:
+            for i, row in enumerate(out):
+                ok = self._m.consume_token(tokens[i])
+                assert ok, f"a proposed token the grammar rejects: {tokens[i]}"
+                consumed += 1
+                self.fill(row)
+        finally:
+            if consumed:
+                self._m.rollback(consumed)
+
     @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing but the end of output."""

@@ -26,20 +26,22 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         req.prompt_logprobs = (req.prompt_logprobs or []) + entries
     # Grammar rows consume their tokens first, together (llguidance's threads for many);
     # a stop token is an end, not grammar text.
+    # (A verify segment's rows consume their accepted run in _verified.)
+    verifies = {s.sample_row: s for s in plan.segments if s.num_samples > 1}
+    rest = {
+        r for s in verifies.values() for r in range(s.sample_row + 1, s.sample_row + s.num_samples)
+    }
     accepted: dict[int, bool] = {}
     if plan.sampling.constrained:
         guided = []
         for row in plan.sampling.constrained:
             req = sched.running[plan.sample_request_ids[row]]
             token = result.tokens[row]
-            if not req.finished and token not in req.stop_ids:
+            skip = row in verifies or row in rest
+            if not req.finished and token not in req.stop_ids and not skip:
                 guided.append((row, req.grammar, token))
         verdicts = accept_all([(g, t) for _, g, t in guided])
         accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
-    verifies = {s.sample_row: s for s in plan.segments if s.num_samples > 1}
-    rest = {
-        r for s in verifies.values() for r in range(s.sample_row + 1, s.sample_row + s.num_samples)
-    }
     for row, (rid, token) in enumerate(zip(plan.sample_request_ids, result.tokens, strict=True)):
         req = sched.running[rid]
         if row in verifies:  # a verify segment's rows: all of them at its first
@@ -112,9 +114,17 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     emitted: list[int] = []
     reason = None
     for token in tokens:
+        grammar = req.grammar
+        if grammar is not None and token not in req.stop_ids and not grammar.accept(token):
+            # Masks make this impossible; if it happens the request fails alone.
+            error = f"grammar rejected token {token}: {grammar.error or 'not allowed'}"
+            sched.finish(req, "error", emit=False)
+            return EngineOutput(req.request_id, (), "error", error=error, error_kind="internal")
         req.output_token_ids.append(token)
         emitted.append(token)
         reason = stop_reason(req, token)
+        if reason is None and grammar is not None and grammar.done:
+            reason = "stop"  # the grammar is complete: nothing but the end may follow
         if reason is not None:
             sched.finish(req, reason, emit=False)
             break
@@ -150,17 +160,36 @@ def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | 
     if not rows:
         return None
     masks = np.full((len(rows), words), -1, dtype=np.int32)
-    matchers: list[Matcher | None] = []
-    for row in rows:
+    # A verify segment's row i samples after its first i proposals.
+    drafted = {
+        s.sample_row + i: s
+        for s in plan.segments
+        if s.num_samples > 1
+        for i in range(1, s.num_samples)
+    }
+    matchers: list[Matcher | None] = []  # rows whose mask is the matcher's as it stands
+    owners: list[Matcher | None] = []
+    after: dict[int, list[int]] = {}  # a verify segment's first row -> its later rows' masks
+    for idx, row in enumerate(rows):
         req = sched.running.get(plan.sample_request_ids[row])
+        m = None
         if req is not None and not req.finished and req.grammar is not None:
             assert req.grammar.consumed == len(req.output_token_ids), "mask computed early"
-            matchers.append(req.grammar)
+            m = req.grammar
+        owners.append(m)
+        if row in drafted:
+            matchers.append(None)
+            if m is not None:
+                after.setdefault(drafted[row].sample_row, []).append(idx)
         else:
-            matchers.append(None)  # finished in the chain: its token is discarded
+            matchers.append(m)  # None: finished in the chain, its token is discarded
     fill_masks(matchers, masks)
+    for first, idxs in after.items():
+        m = owners[idxs[0]]
+        assert m is not None
+        m.masks_after(drafted[first + 1].token_ids[1:], [masks[i] for i in idxs])
     bits = masks.view(np.uint32)
-    for i, m in enumerate(matchers):
+    for i, m in enumerate(owners):
         if m is None or m.eos is None or not bits[i, m.eos >> 5] >> (m.eos & 31) & 1:
             continue
         # Where the grammar may end, so may the request's own stop tokens.

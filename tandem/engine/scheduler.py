@@ -107,7 +107,7 @@ class Scheduler:
             )
         if request.request_id in self.running or request.request_id in self._waiting_ids:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        if cfg.speculation.enabled and speculation.eligible(request.params):
+        if cfg.speculation.enabled:
             request.spec = speculation.new_state(cfg.speculation)
         self.waiting.append(request)
         self._waiting_ids.add(request.request_id)

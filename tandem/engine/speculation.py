@@ -19,9 +19,10 @@ would draw at that position: the output is token for token the one without specu
 every seed (so its distribution is unchanged).
 
 Which requests speculate (the rest decode as before, chained on the step in flight):
-- rows without a grammar (it would need a mask per proposed position, not built yet: those
-  rows decode plainly). Penalties work: a verify row counts the proposals before its
-  position as output (engine/sampling_rows.py), as plain decoding would have;
+- every kind of row: a verify row of a penalized request counts the proposals before its
+  position as output (engine/sampling_rows.py); a grammar-constrained request proposes only
+  what its grammar allows, and each verify row samples under the mask after the proposals
+  before it (results.grammar_masks), as plain decoding would have;
 - only while the step's decode batch is at most ``max_batch`` (a larger step is no longer
   bound by weight traffic and host work, so verifying extra positions costs real compute);
 - a request whose proposals keep failing backs off: after ``patience`` verify steps that
@@ -130,11 +131,6 @@ class SpecState:
         self.plain_left = max(0, self.plain_left - n)
 
 
-def eligible(params) -> bool:
-    """Requests whose speculation is exact: all but grammar-constrained ones."""
-    return params.guided is None
-
-
 def accepted_tokens(proposal: tuple[int, ...], sampled: tuple[int, ...]) -> list[int]:
     """The tokens a verify yields: ``sampled[i]`` is the token drawn after the request's
     tokens and ``proposal[:i]``; it stands while every proposal before it matched."""
@@ -159,4 +155,13 @@ def propose(req, cfg: SpecConfig) -> list[int]:
     if k <= 0:
         return []
     req.spec.index.extend(req.token_ids())
-    return req.spec.index.propose(k)
+    proposal = req.spec.index.propose(k)
+    for i, t in enumerate(proposal):
+        if t in req.stop_ids:  # nothing after an end is worth verifying
+            proposal = proposal[: i if req.grammar is not None else i + 1]
+            break
+    if req.grammar is not None and proposal:
+        # Only what the grammar allows: each verify row gets the mask after the proposals
+        # before it (results.grammar_masks), which needs them to be valid.
+        proposal = proposal[: req.grammar.valid_prefix(proposal)]
+    return proposal

@@ -145,3 +145,21 @@ def test_windowed_sink_and_mla_models_speculate_exactly(family_model_dir, model_
     spec = llm.generate(prompts, greedy(48))
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert llm.engine.scheduler.stats.spec_verifies > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_guided_requests_speculate_valid_and_exact(tiny_model_dir, overlap):
+    """JSON schemas, regexes, grammars and choices, greedy and sampled, with unconstrained
+    batchmates: with speculation the same tokens as without, every answer valid."""
+    from test_guided_model import _batch
+
+    path = tiny_model_dir("llama")
+    prompts, params, cases = _batch(seed=4)
+    plain = LLM(str(path), overlap=overlap).generate(prompts, params)
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=64, **SPEC)
+    spec = llm.generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    for o, case in zip(spec, cases, strict=True):
+        if case is not None:
+            assert o.finish_reason == "stop" and case.check(o.text), (case.name, o.text)
+    assert llm.engine.scheduler.stats.spec_accepted > 0
