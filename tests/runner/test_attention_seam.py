@@ -71,3 +71,35 @@ def test_the_double_buffer_drops_replayed_writes_this_step_overwrites():
     pool.write(0, mx.array(b), 2 * ones, 2 * ones)
     k = np.array(pool.layer(0)[:, 0, 0])
     assert k[:3].tolist() == [1.0, 2.0, 2.0]
+
+
+def test_verify_positions_attend_as_decodes_exactly_as_a_chunk():
+    """With the decode kernel a speculative verify segment's positions join the decode
+    group (one kernel call); read through the gather path that layout gives what the chunk
+    layout gives: each position sees its keys up to itself (inside the window)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from tandem.engine.plan import Segment
+    from tandem.runner.attention import gather_attention
+    from tandem.runner.step_context import StepContext
+
+    p, hkv, h, d = 4, 2, 4, 8
+    rng = np.random.default_rng(0)
+    pool = mx.array(rng.standard_normal((64 * p, 2 * hkv, d)).astype(np.float32))
+    segs = [
+        Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        Segment("b", 13, 5, (1, 2, 3, 4, 5), (8, 9, 10, 11, 12), sample_row=1, num_samples=5),
+        Segment("c", 6, 3, (1, 2, 3), (20, 21, 22)),
+    ]
+    t = sum(s.num_tokens for s in segs)
+    q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
+    kv = mx.zeros((t, hkv, 1, d))  # the pool already holds them (not read here)
+    chunked = StepContext(segs, p, kernel=False).view(None, kernel=False)
+    expanded = StepContext(segs, p, kernel=True).view(None, kernel=True)
+    assert len(chunked.chunks) == 2 and len(expanded.chunks) == 1
+    assert sum(g.rows.shape[0] for g in expanded.decodes) == 6
+    expanded.kernel = False  # read the expanded layout through the gather path
+    want = gather_attention(chunked, q, kv, kv, pool, 0.3)
+    got = gather_attention(expanded, q, kv, kv, pool, 0.3)
+    assert np.allclose(np.array(got), np.array(want), atol=1e-5)
