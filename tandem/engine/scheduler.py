@@ -277,17 +277,21 @@ class Scheduler:
         kv = self.kv
         budget -= len(decodes)
         pages = kv.available() - need
+        if self.waiting:  # proposals are optional; the queue's head is not
+            pages -= kv.pages_for(min(self.waiting[0].num_tokens, self.max_step_tokens))
         out: dict[str, list[int]] = {}
         for req, _ in decodes:
             proposal = proposals.get(req.request_id)
             if proposal is None:
+                continue
+            if not proposal:  # nothing to propose counts against it; a cut for room doesn't
+                req.spec.no_proposal(self.config.speculation)
                 continue
             proposal = proposal[: max(0, budget)]
             base = max(len(req.pages), kv.pages_for(req.num_computed + 1))
             while proposal and kv.pages_for(req.num_computed + 1 + len(proposal)) - base > pages:
                 proposal.pop()
             if not proposal:
-                req.spec.no_proposal(self.config.speculation)
                 continue
             budget -= len(proposal)
             pages -= kv.pages_for(req.num_computed + 1 + len(proposal)) - base

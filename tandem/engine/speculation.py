@@ -58,6 +58,9 @@ class SpecConfig:
         return self.num_tokens > 0
 
 
+INDEX_PER_CALL = 2048  # ~3 ms of Python a step at most
+
+
 class NgramIndex:
     """The latest start of every n-gram (``min_n <= n <= max_n``) of a growing token list,
     except those ending at its last token (so a lookup never matches the suffix itself)."""
@@ -69,9 +72,11 @@ class NgramIndex:
         self._indexed = 0  # n-grams ending before this index are in ``last``
 
     def extend(self, tokens: list[int]) -> None:
-        """Catch up with ``tokens`` (the request's whole history, which only grows)."""
+        """Catch up with ``tokens`` (the request's whole history, which only grows), at most
+        ``INDEX_PER_CALL`` positions a call: a long prompt is indexed over several steps (its
+        older part first) instead of stalling one step for every stream."""
         self.tokens = tokens
-        end = len(tokens) - 1  # n-grams ending at the last token stay out
+        end = min(len(tokens) - 1, self._indexed + INDEX_PER_CALL)  # not the last token's
         for j in range(self._indexed, end):
             for n in range(self.min_n, self.max_n + 1):
                 if j - n + 1 < 0:

@@ -193,19 +193,26 @@ class Service:
                         yield piece("", "length")
                         return
                     continue
-                count += len(d.new_token_ids)
-                metrics.generated(len(d.new_token_ids))
                 ids = d.new_token_ids
-                pending_ids += ids
-                pending_lps += d.logprobs or []
-                if d.finish_reason == "stop" and ids and ids[-1] in stop_ids:
-                    ids = ids[:-1]  # the stop token is not text (a completed grammar's is)
-                text = matcher.feed(detok.add(ids))
-                if matcher.stopped:
-                    p = piece(text, "stop")
-                    p.stop_sequence = matcher.matched
-                    yield p
-                    return
+                lps = d.logprobs or []
+                metrics.generated(len(ids))
+                text = ""
+                for i, token in enumerate(ids):
+                    # One token at a time: with speculation an output may carry several, and
+                    # a stop string that ends inside them ends the output there (the ids,
+                    # logprobs and usage after it are not the request's, as without it).
+                    count += 1
+                    pending_ids.append(token)
+                    if i < len(lps):
+                        pending_lps.append(lps[i])
+                    if d.finish_reason == "stop" and i == len(ids) - 1 and token in stop_ids:
+                        break  # the stop token is not text (a completed grammar's is)
+                    text += matcher.feed(detok.add([token]))
+                    if matcher.stopped:
+                        p = piece(text, "stop")
+                        p.stop_sequence = matcher.matched
+                        yield p
+                        return
                 if d.finish_reason is not None:
                     yield piece(text + matcher.flush(), d.finish_reason)
                     return

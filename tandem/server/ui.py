@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pydantic import BaseModel, Field
 from tandem.server.errors import RequestError
 from tandem.server.live_stats import LiveStats
 
+log = logging.getLogger("tandem")
 STATIC = Path(__file__).parent / "static"
 PAGES = {"/": "playground.html", "/dashboard": "dashboard.html"}
 ASSET_PREFIX = "/ui/static/"
@@ -72,7 +74,10 @@ def _sampler(live: LiveStats, stats: Callable[[], dict[str, Any]]):
         async def run() -> None:
             while True:
                 await asyncio.sleep(SAMPLE_PERIOD_S)
-                live.sample(stats())
+                try:
+                    live.sample(stats())
+                except Exception:  # a bad sample must not stop the history for good
+                    log.exception("dashboard stats sample failed")
 
         task = asyncio.create_task(run())
         try:
@@ -86,11 +91,12 @@ def _sampler(live: LiveStats, stats: Callable[[], dict[str, Any]]):
 def install_ui(
     app: FastAPI, live: LiveStats, stats: Callable[[], dict[str, Any]], model: str, max_len: int
 ) -> None:
+    # The app has no other startup or shutdown work (this replaces the default lifespan).
     app.router.lifespan_context = _sampler(live, stats)
 
     def page(name: str) -> Callable[[], Any]:
         async def serve_page() -> HTMLResponse:
-            text = (STATIC / name).read_text()
+            text = (STATIC / name).read_text(encoding="utf-8")
             return HTMLResponse(text, headers={"Cache-Control": "no-cache"})
 
         return serve_page

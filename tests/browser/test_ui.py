@@ -306,3 +306,45 @@ def test_dashboard_asks_for_the_key_itself(browser, server):
     pg.wait_for_function("Number(document.getElementById('chart-tps').dataset.points) > 0")
     assert "tiny" in pg.locator("#model-name").inner_text()
     context.close()
+
+
+def test_enter_saves_the_key_and_cancel_stops_the_asking(browser, server):
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto(server.url + "/dashboard")
+    pg.wait_for_selector("#key-dialog[open]")
+    pg.click("#key-dialog button[value=cancel]")
+    pg.wait_for_timeout(2500)  # two polls answered 401: no new prompt after Cancel
+    assert not pg.locator("#key-dialog[open]").count()
+    assert "Stats unavailable" in pg.locator("#status").inner_text()
+    pg.click("#key-button")  # asked for explicitly
+    pg.fill("#key-input", API_KEY)
+    pg.press("#key-input", "Enter")
+    pg.wait_for_function("Number(document.getElementById('chart-tps').dataset.points) > 0")
+    context.close()
+
+
+def test_an_empty_answer_and_new_chat_mid_stream_leave_a_usable_chat(page):
+    # A stop string at the very start: an answer with no content at all.
+    set_extra(page, {"guided_regex": "abc", "stop": ["a"]})
+    send(page, "Say nothing.")
+    turn = last_turn(page)
+    assert turn.locator(".content").inner_text() == ""
+    assert turn.get_attribute("data-finish") == "stop"
+    set_extra(page, {"ignore_eos": True})
+    page.fill("#max-tokens", "16")
+    send(page, "Go on.")  # the history holds that empty answer: still a valid request
+    assert last_turn(page).get_attribute("data-finish") == "length"
+    # A stream cut by "New chat" does not leak into the new conversation.
+    page.fill("#max-tokens", "3000")
+    send(page, "Write forever.")
+    page.wait_for_function(
+        "[...document.querySelectorAll('.msg.assistant .content')].pop().textContent.length > 10"
+    )
+    page.click("#clear")
+    page.wait_for_function("!state.controller")
+    assert page.evaluate("state.history.length") == 0
+    page.fill("#max-tokens", "8")
+    send(page, "Hello again.")
+    assert last_turn(page).get_attribute("data-finish") == "length"
+    assert page.evaluate("state.history.map(m => m.role)") == ["user", "assistant"]

@@ -194,20 +194,21 @@ def test_max_tokens_caps_the_proposal():
             assert seg.end <= len(prompt) + 9
 
 
-def test_large_batches_and_constrained_rows_do_not_speculate():
+def test_speculation_waits_until_the_batch_is_small_enough():
+    """Four decode (more than max_batch 2): plain chained steps; as they finish, the last
+    two speculate."""
     engine, runner = engine_for(True, speculation=SpecConfig(num_tokens=4, max_batch=2))
-    arrivals = {0: [(f"r{i}", [1, 2, 3, 1, 2, 3], i, 30) for i in range(4)]}
-    got, _ = drive(engine, arrivals)
-    assert all(got[f"r{i}"] == expected(i, [1, 2, 3, 1, 2, 3], 30) for i in range(4))
-    # Four decode at first (> max_batch 2): plain chained steps until two are left.
-    first_decodes = [p for p in runner.launched if p.num_rows == 4]
-    assert first_decodes and all(s.num_samples == 1 for p in first_decodes for s in p.segments)
-    guided, runner = engine_for(True)
-    guided.add_request([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=20, seed=1), "s")
-    guided.scheduler.waiting[0].spec = None  # what add() does for a guided request
-    while guided.has_unfinished():
-        guided.step()
-    assert guided.scheduler.stats.spec_verifies == 0
+    lengths = [10, 20, 60, 70]
+    prompt = [1, 2, 3, 1, 2, 3]
+    got, _ = drive(engine, {0: [(f"r{i}", prompt, i, n) for i, n in enumerate(lengths)]})
+    assert all(got[f"r{i}"] == expected(i, prompt, n) for i, n in enumerate(lengths))
+    verify_plans = [p for p in runner.launched if any(s.num_samples > 1 for s in p.segments)]
+    assert verify_plans
+    for plan in verify_plans:  # only once at most two requests were left decoding
+        assert len(plan.request_ids) <= 2 and plan.request_ids <= {"r2", "r3"}
+    full = [p for p in runner.launched if len(p.request_ids) == 4]
+    assert full and all(s.num_samples == 1 for p in full for s in p.segments)
+    assert engine.loop.num_chained > 0
 
 
 def test_verify_rows_count_the_proposals_before_them_as_output():
@@ -247,3 +248,19 @@ def test_the_loop_runs_unchained_while_anyone_speculates():
     got, _ = drive(engine, {0: [("x", [1, 2, 3, 4, 5, 6, 7, 8], 3, 60)]})
     assert got["x"] == expected(3, [1, 2, 3, 4, 5, 6, 7, 8], 60)
     assert engine.loop.num_chained > 0 and engine.scheduler.stats.spec_verifies > 0
+
+
+def test_a_long_history_is_indexed_a_slice_per_call():
+    from tandem.engine.speculation import INDEX_PER_CALL
+
+    toks = [7, 8, 9] + list(range(100, 100 + 3 * INDEX_PER_CALL)) + [7, 8]
+    idx = NgramIndex(1, 3)
+    idx.extend(toks)  # the oldest INDEX_PER_CALL positions only: "7 8" at 0 is in
+    assert idx._indexed == INDEX_PER_CALL and idx.propose(2) == [9, 100]
+    toks = toks + [9, 100, 101]  # the rest is indexed over the next calls
+    idx.extend(toks)
+    assert idx._indexed == 2 * INDEX_PER_CALL
+    for _ in range(3):
+        idx.extend(toks)
+    assert idx._indexed == len(toks) - 1
+    assert idx.propose(2) == [102, 103]

@@ -5,6 +5,7 @@
 const Tandem = (() => {
   const KEY = "tandem-api-key";
   let asking = null;
+  let declined = false; // the user closed the dialog: polls stop asking until they ask
 
   function key() {
     return localStorage.getItem(KEY) || "";
@@ -29,12 +30,15 @@ const Tandem = (() => {
         asking = null;
         if (dialog.returnValue === "save") {
           localStorage.setItem(KEY, input.value.trim());
+          declined = false;
           resolve(true);
         } else {
+          declined = true;
           resolve(false);
         }
       };
     });
+    dialog.returnValue = ""; // Escape leaves it as it is: not a stale "save"
     dialog.showModal();
     input.focus();
     return asking;
@@ -46,6 +50,7 @@ const Tandem = (() => {
       const opts = { ...options, headers: headers(options.headers || {}) };
       const resp = await fetch(path, opts);
       if (resp.status !== 401) return resp;
+      if (declined) return resp;
       const msg = key() ? "That API key was refused; enter the server's key." : null;
       if (!(await askKey(msg))) return resp;
     }
@@ -65,6 +70,13 @@ const Tandem = (() => {
   function wireHeader() {
     const button = document.getElementById("key-button");
     if (button) button.addEventListener("click", () => askKey("API key for this server."));
+    // Enter in the key field saves (the form's first submit button would be Cancel).
+    const dialog = document.getElementById("key-dialog");
+    const cancel = dialog && dialog.querySelector("button[value=cancel]");
+    if (cancel) {
+      cancel.type = "button";
+      cancel.addEventListener("click", () => dialog.close("cancel"));
+    }
   }
 
   document.addEventListener("DOMContentLoaded", wireHeader);

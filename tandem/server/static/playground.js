@@ -6,6 +6,7 @@ const state = {
   model: null,
   history: [], // the conversation as OpenAI messages (no system prompt: that is a setting)
   controller: null, // the running stream's AbortController
+  chat: 0, // bumped by "New chat": a turn that ends after it belongs to no conversation
 };
 
 // Chat-completions parameters the openai Python client takes as keywords; anything else
@@ -261,6 +262,7 @@ async function runTurn() {
   }
   settingsError(null);
   const view = new AssistantView();
+  const chat = state.chat;
   const jsonOut = body.response_format && body.response_format.type === "json_schema";
   state.controller = new AbortController();
   setBusy(true);
@@ -319,8 +321,11 @@ async function runTurn() {
   const seconds = first === null ? 0 : (performance.now() - first) / 1000;
   view.done(usage, finish, seconds, content.length);
   if (jsonOut && content && finish !== "stopped") view.showJson(content);
+  if (chat !== state.chat) return; // "New chat" was pressed while it streamed
   if (finish === "error" && !content && !calls.length) return;
-  const message = { role: "assistant", content: content || null };
+  // An assistant message needs content or tool calls: an empty answer (stopped at once,
+  // or all its tokens spent reasoning) goes back as "".
+  const message = { role: "assistant", content: calls.length ? content || null : content };
   if (calls.length) message.tool_calls = calls;
   state.history.push(message);
   if (calls.length && finish !== "stopped") view.askResults(calls);
@@ -444,6 +449,7 @@ document.addEventListener("DOMContentLoaded", () => {
     $("schema-field").hidden = $("format").value !== "json_schema";
   });
   $("clear").addEventListener("click", () => {
+    state.chat += 1;
     if (state.controller) state.controller.abort();
     state.history = [];
     $("messages").replaceChildren($("empty"));
