@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.engine import invariants, results, speculation, state_snapshots
+from tandem.engine import invariants, recovery, results, speculation, state_snapshots
 from tandem.engine.admission import Admission
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
@@ -159,8 +159,8 @@ class Scheduler:
         budget = self.max_step_tokens
         decodes: list[tuple[Request, int]] = []  # (request, parent row or -1)
         proposals: dict[str, list[int]] = {}  # speculating requests' proposed tokens
-        speculate = self._speculating()
-        if speculate and parent is not None and self._anyone_speculating():
+        speculate = speculation.speculating(self)
+        if speculate and parent is not None and speculation.anyone_speculating(self):
             # A speculating request cannot join a chained step, and letting the others run
             # on without it would give it every other step: the loop runs one step at a time
             # while anyone speculates (a verify yields more than the overlap saves).
@@ -187,12 +187,8 @@ class Scheduler:
         if need > kv.available():
             assert parent is not None, "_fit left the decodes short of pages"
             return None
-        proposals = self._fit_proposals(decodes, proposals, budget, need)
-        need += sum(
-            kv.pages_for(r.num_computed + 1 + len(proposals.get(r.request_id, ())))
-            - max(len(r.pages), kv.pages_for(r.num_computed + 1))
-            for r, _ in decodes
-        )
+        proposals = speculation.fit_proposals(self, decodes, proposals, budget, need)
+        need += speculation.extra_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
         for req in self.admission.admit(
             self.waiting, len(self.running), need, self._leader_prefilling
@@ -249,54 +245,6 @@ class Scheduler:
         if not segments:
             return None
         return self._launch(parent, segments, sampled, chunks)
-
-    # ---- speculative decoding (engine/speculation.py) ------------------------------------
-    def _speculating(self) -> bool:
-        """Whether requests speculate this step: on, and the decode batch small enough."""
-        spec = self.config.speculation
-        if not spec.enabled:
-            return False
-        decoding = sum(r.status is RequestStatus.DECODE for r in self.running.values())
-        return decoding <= spec.max_batch
-
-    def _anyone_speculating(self) -> bool:
-        return any(
-            r.status is RequestStatus.DECODE and r.spec is not None and r.spec.active
-            for r in self.running.values()
-        )
-
-    def _fit_proposals(
-        self,
-        decodes: list[tuple[Request, int]],
-        proposals: dict[str, list[int]],
-        budget: int,
-        need: int,
-    ) -> dict[str, list[int]]:
-        """Proposals cut to the step's token budget and the pages left after the plain
-        decodes' (``need``); a request left with none decodes one token."""
-        kv = self.kv
-        budget -= len(decodes)
-        pages = kv.available() - need
-        if self.waiting:  # proposals are optional; the queue's head is not
-            pages -= kv.pages_for(min(self.waiting[0].num_tokens, self.max_step_tokens))
-        out: dict[str, list[int]] = {}
-        for req, _ in decodes:
-            proposal = proposals.get(req.request_id)
-            if proposal is None:
-                continue
-            if not proposal:  # nothing to propose counts against it; a cut for room doesn't
-                req.spec.no_proposal(self.config.speculation)
-                continue
-            proposal = proposal[: max(0, budget)]
-            base = max(len(req.pages), kv.pages_for(req.num_computed + 1))
-            while proposal and kv.pages_for(req.num_computed + 1 + len(proposal)) - base > pages:
-                proposal.pop()
-            if not proposal:
-                continue
-            budget -= len(proposal)
-            pages -= kv.pages_for(req.num_computed + 1 + len(proposal)) - base
-            out[req.request_id] = proposal
-        return out
 
     def _chunk(self, req: Request, budget: int, row: int) -> Segment:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
@@ -355,12 +303,7 @@ class Scheduler:
             for pos, slot in seg.snapshots:
                 self.kv.keep_snapshot(tokens, pos, slot)
         ids = tuple(r.request_id for r in sampled)
-        drafted = {
-            seg.sample_row + i: seg.token_ids[1 : 1 + i]
-            for seg in segments
-            if seg.num_samples > 1
-            for i in range(1, seg.num_samples)
-        }
+        drafted = speculation.drafted_rows(segments)
         reuse = (
             parent is not None
             and ids == parent.sample_request_ids
@@ -422,40 +365,10 @@ class Scheduler:
             return leader.status is RequestStatus.PREFILL
         return req.follows in self._waiting_ids
 
-    # ---- failures -----------------------------------------------------------------------
+    # ---- failures (engine/recovery.py) -------------------------------------------------
     def recover(self, failed: Iterable[str], error: str | None, *, oom: bool) -> None:
-        """The runner lost every in-flight step and its KV (it was reset). Undo their
-        accounting and retract every running request, in order; the requests in ``failed``
-        end with ``error`` instead (kind: resource after an OOM, else internal). After an
-        out-of-memory error the step token budget halves, so the retry needs less."""
-        failed = set(failed)
-        self.stats.step_failures += 1
-        self._good_steps = 0
-        if oom:
-            self.stats.oom_recoveries += 1
-            self.max_step_tokens = max(self.config.page_size, self.max_step_tokens // 2)
-        # The pool's contents are gone: nothing may stay cached.
-        self.kv.clear_cache()
-        for req in reversed(list(self.running.values())):
-            req.num_inflight = req.num_pending_samples = 0
-            req.spec_inflight = False
-            if req.finished:
-                self.maybe_release(req, cache=False)
-            elif req.request_id in failed:
-                self._fail(req, error or "step failed", "resource" if oom else "internal")
-            else:
-                self._retract(req, cache=False)
-        if self.kv.snapshots is not None:
-            # Slots a plan that never launched had taken have no holder to give them back.
-            self.kv.snapshots.reset()
-
-    def _fail(self, req: Request, error: str, kind: str) -> None:
-        self.finish(req, "error", emit=False)
-        self._pending.append(
-            EngineOutput(req.request_id, (), "error", error=error, error_kind=kind)
-        )
-        if req.request_id in self.running:
-            self.maybe_release(req, cache=False)
+        """The runner lost every in-flight step and its KV: see ``recovery.recover``."""
+        recovery.recover(self, failed, error, oom=oom)
 
     # ---- results ------------------------------------------------------------------------
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:

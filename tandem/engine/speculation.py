@@ -42,6 +42,14 @@ the new length go back to the pool when the verify step is finalized.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tandem.engine.plan import Segment
+from tandem.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tandem.engine.kv_manager import KVManager
+    from tandem.engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -170,3 +178,77 @@ def propose(req, cfg: SpecConfig) -> list[int]:
         # before it (results.grammar_masks), which needs them to be valid.
         proposal = proposal[: req.grammar.valid_prefix(proposal)]
     return proposal
+
+
+# ---- the scheduler's side ------------------------------------------------------------------
+def speculating(sched: Scheduler) -> bool:
+    """Whether requests speculate this step: on, and the decode batch small enough."""
+    spec = sched.config.speculation
+    if not spec.enabled:
+        return False
+    decoding = sum(r.status is RequestStatus.DECODE for r in sched.running.values())
+    return decoding <= spec.max_batch
+
+
+def anyone_speculating(sched: Scheduler) -> bool:
+    return any(
+        r.status is RequestStatus.DECODE and r.spec is not None and r.spec.active
+        for r in sched.running.values()
+    )
+
+
+def fit_proposals(
+    sched: Scheduler,
+    decodes: list[tuple[Request, int]],
+    proposals: dict[str, list[int]],
+    budget: int,
+    need: int,
+) -> dict[str, list[int]]:
+    """Proposals cut to the step's token budget and the pages left after the plain
+    decodes' (``need``) and the waiting queue head's; a request left with none decodes one
+    token."""
+    kv = sched.kv
+    budget -= len(decodes)
+    pages = kv.available() - need
+    if sched.waiting:  # proposals are optional; the queue's head is not
+        pages -= kv.pages_for(min(sched.waiting[0].num_tokens, sched.max_step_tokens))
+    out: dict[str, list[int]] = {}
+    for req, _ in decodes:
+        proposal = proposals.get(req.request_id)
+        if proposal is None:
+            continue
+        if not proposal:  # nothing to propose counts against it; a cut for room doesn't
+            req.spec.no_proposal(sched.config.speculation)
+            continue
+        proposal = proposal[: max(0, budget)]
+        base = max(len(req.pages), kv.pages_for(req.num_computed + 1))
+        while proposal and kv.pages_for(req.num_computed + 1 + len(proposal)) - base > pages:
+            proposal.pop()
+        if not proposal:
+            continue
+        budget -= len(proposal)
+        pages -= kv.pages_for(req.num_computed + 1 + len(proposal)) - base
+        out[req.request_id] = proposal
+    return out
+
+
+def extra_pages(
+    kv: KVManager, decodes: list[tuple[Request, int]], proposals: dict[str, list[int]]
+) -> int:
+    """Pages the proposals need beyond their requests' plain decode."""
+    return sum(
+        kv.pages_for(r.num_computed + 1 + len(proposals.get(r.request_id, ())))
+        - max(len(r.pages), kv.pages_for(r.num_computed + 1))
+        for r, _ in decodes
+    )
+
+
+def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
+    """Each verify row after the first: the proposals before its position (a penalty counts
+    them as output)."""
+    return {
+        seg.sample_row + i: seg.token_ids[1 : 1 + i]
+        for seg in segments
+        if seg.num_samples > 1
+        for i in range(1, seg.num_samples)
+    }
