@@ -171,7 +171,8 @@ def test_json_schema_answer_is_rendered_as_json(page):
 def test_tool_call_is_shown_and_its_result_sent_back(page):
     page.fill("#tools", json.dumps(WEATHER))
     page.select_option("#tool-choice", "required")
-    page.fill("#max-tokens", "100")
+    page.fill("#temperature", "0")  # the page sends no seed: greedy keeps it repeatable
+    page.fill("#max-tokens", "300")
     send(page, "Weather in Paris?")
     turn = last_turn(page)
     assert turn.get_attribute("data-finish") == "tool_calls"
@@ -262,6 +263,8 @@ def _chart(pg, name: str) -> dict:
 
 def test_dashboard_plots_move_under_load(page, server):
     page.click("nav >> text=Dashboard")  # the key is kept for this origin
+    page.wait_for_url("**/dashboard")
+    page.wait_for_selector("#chart-tps[data-points]")
     page.wait_for_function("Number(document.getElementById('chart-tps').dataset.points) > 0")
     assert not page.locator("#key-dialog[open]").count()
     before = _chart(page, "tps")["points"]

@@ -67,16 +67,29 @@ const Tandem = (() => {
     }
   }
 
+  // The key dialog, the same on every page.
+  function addKeyDialog() {
+    const dialog = document.createElement("dialog");
+    dialog.id = "key-dialog";
+    dialog.innerHTML = `<form method="dialog">
+        <p id="key-message"></p>
+        <input id="key-input" type="password" autocomplete="off" placeholder="API key">
+        <div class="buttons">
+          <button type="button" value="cancel" class="ghost">Cancel</button>
+          <button value="save" id="key-save">Save</button>
+        </div>
+      </form>`;
+    // Cancel is no submit button: Enter in the field saves.
+    dialog.querySelector("button[value=cancel]").addEventListener("click", () => {
+      dialog.close("cancel");
+    });
+    document.body.append(dialog);
+  }
+
   function wireHeader() {
+    addKeyDialog();
     const button = document.getElementById("key-button");
     if (button) button.addEventListener("click", () => askKey("API key for this server."));
-    // Enter in the key field saves (the form's first submit button would be Cancel).
-    const dialog = document.getElementById("key-dialog");
-    const cancel = dialog && dialog.querySelector("button[value=cancel]");
-    if (cancel) {
-      cancel.type = "button";
-      cancel.addEventListener("click", () => dialog.close("cancel"));
-    }
   }
 
   document.addEventListener("DOMContentLoaded", wireHeader);
