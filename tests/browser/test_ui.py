@@ -351,3 +351,30 @@ def test_an_empty_answer_and_new_chat_mid_stream_leave_a_usable_chat(page):
     send(page, "Hello again.")
     assert last_turn(page).get_attribute("data-finish") == "length"
     assert page.evaluate("state.history.map(m => m.role)") == ["user", "assistant"]
+
+
+def test_dashboard_plots_speculative_acceptance_when_on(browser, served_model):
+    """A server with --speculative: the dashboard shows the accepted share; the others
+    (above) hide that chart."""
+    spec = Server(served_model, "--speculative", "ngram")
+    try:
+        body = {
+            "model": "tiny",
+            "prompt": [240, 316, 194, 139, 73, 98] * 4,  # the tiny model loops: runs accepted
+            "max_tokens": 60,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        assert spec.post("/v1/completions", json=body).status_code == 200
+        context = browser.new_context()
+        pg = context.new_page()
+        pg.goto(spec.url + "/dashboard")
+        pg.fill("#key-input", API_KEY)
+        pg.press("#key-input", "Enter")
+        pg.wait_for_selector("#chart-spec:not([hidden])", timeout=TIMEOUT_MS)
+        last = _chart(pg, "spec")["last"]["spec_acceptance"]
+        assert 0 < last <= 1
+        assert "accepted" in pg.locator("#chart-spec .legend").inner_text()
+        context.close()
+    finally:
+        spec.stop()
