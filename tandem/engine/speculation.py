@@ -124,20 +124,23 @@ class SpecState:
         return self.plain_left <= 0
 
     def record(self, cfg: SpecConfig, proposed: int, accepted: int) -> None:
+        """A verify of ``proposed`` tokens accepted ``accepted`` of them."""
         self.proposed += proposed
         self.accepted += accepted
         self.verifies += 1
-        self.failures = 0 if accepted else self.failures + 1
-        if self.failures >= cfg.patience:
-            self.failures = 0
-            self.next_backoff = self.next_backoff * 2 if self.next_backoff else cfg.backoff
-            self.plain_left = self.next_backoff
+        self._outcome(cfg, accepted > 0)
 
     def no_proposal(self, cfg: SpecConfig) -> None:
         """Nothing to propose: it costs the request its place in chained steps, so it counts
         against it like a verify that accepted nothing."""
-        self.record(cfg, 0, 0)
-        self.verifies -= 1
+        self._outcome(cfg, False)
+
+    def _outcome(self, cfg: SpecConfig, hit: bool) -> None:
+        self.failures = 0 if hit else self.failures + 1
+        if self.failures >= cfg.patience:
+            self.failures = 0
+            self.next_backoff = self.next_backoff * 2 if self.next_backoff else cfg.backoff
+            self.plain_left = self.next_backoff
 
     def plain_tokens(self, n: int) -> None:
         """``n`` tokens were decoded plainly (counts down a back-off)."""
