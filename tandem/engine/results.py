@@ -63,16 +63,10 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
             outputs.append(EngineOutput(rid, (), "error", error=error, error_kind="internal"))
             continue
         req.output_token_ids.append(token)
-        reason = stop_reason(req, token)
-        if reason is None and req.grammar is not None and req.grammar.done:
-            reason = "stop"  # the grammar is complete: nothing but the end may follow
+        reason = _end_reason(req, token)
         if reason is not None:
             sched.finish(req, reason, emit=False)
-        cached = prompt_lps = None
-        if not req.cache_reported:
-            req.cache_reported = True
-            cached = req.num_cached_tokens
-            prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+        cached, prompt_lps = _first_report(req)
         lp = result.logprobs.get(row) if result.logprobs else None
         outputs.append(
             EngineOutput(
@@ -122,9 +116,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
             return EngineOutput(req.request_id, (), "error", error=error, error_kind="internal")
         req.output_token_ids.append(token)
         emitted.append(token)
-        reason = stop_reason(req, token)
-        if reason is None and grammar is not None and grammar.done:
-            reason = "stop"  # the grammar is complete: nothing but the end may follow
+        reason = _end_reason(req, token)
         if reason is not None:
             sched.finish(req, reason, emit=False)
             break
@@ -133,11 +125,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     if len(req.pages) > keep:
         sched.kv.release(req.pages[keep:])
         del req.pages[keep:]
-    cached = prompt_lps = None
-    if not req.cache_reported:
-        req.cache_reported = True
-        cached = req.num_cached_tokens
-        prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+    cached, prompt_lps = _first_report(req)
     lps = None
     if result.logprobs:
         found = [result.logprobs.get(row + i) for i in range(len(emitted))]
@@ -150,6 +138,23 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
         logprobs=lps,
         prompt_logprobs=prompt_lps,
     )
+
+
+def _end_reason(req: Request, token: int) -> str | None:
+    """Why ``token`` (just appended) ends the request, if it does."""
+    reason = stop_reason(req, token)
+    if reason is None and req.grammar is not None and req.grammar.done:
+        reason = "stop"  # the grammar is complete: nothing but the end may follow
+    return reason
+
+
+def _first_report(req: Request) -> tuple[int | None, list | None]:
+    """With a request's first output: its cached prompt tokens and prompt logprobs."""
+    if req.cache_reported:
+        return None, None
+    req.cache_reported = True
+    prompt_lps, req.prompt_logprobs = req.prompt_logprobs, None
+    return req.num_cached_tokens, prompt_lps
 
 
 def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | None:
