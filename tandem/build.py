@@ -31,6 +31,7 @@ class BuiltEngine:
 
 
 def build_engine(config: EngineConfig) -> BuiltEngine:
+    from tandem.runner.kv_quant import KVQuant
     from tandem.runner.loader import kv_memory_bytes, load_model, prepare_for_device
     from tandem.runner.model_runner import ModelRunner
 
@@ -50,6 +51,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         overlap=config.overlap,
         double_buffer=config.kv_double_buffer,
         decode_kernel=config.kv_decode_kernel,
+        kv_quant=KVQuant.parse(config.kv_cache_dtype),
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
@@ -95,11 +97,12 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
             runner.state_bytes_per_seq / 2**20,
         )
     log.info(
-        "KV pool %d pages of %d tokens (%.1f MiB, %d B/token); max_model_len %d",
+        "KV pool %d pages of %d tokens (%.1f MiB, %d B/token, %s); max_model_len %d",
         num_pages,
         page,
         num_pages * page * per_token / 2**20,
         per_token,
+        runner.kv_description,
         max_model_len,
     )
     step_tokens = config.max_num_batched_tokens

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# --kv-cache-dtype: bits per quantized KV value (None: the model's dtype, unquantized).
+KV_CACHE_DTYPES: dict[str, int | None] = {"auto": None, "int8": 8, "int4": 4}
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -25,6 +28,8 @@ class EngineConfig:
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None
+    # KV pages stored as the model's dtype ("auto") or quantized per token ("int8", "int4").
+    kv_cache_dtype: str = "auto"
     prefix_cache: bool = True
     # Models with recurrent layers: states the prefix cache keeps (a hit resumes from one;
     # None: 8 x max_num_seqs, at least 64, within a quarter of the KV memory; 0: no prefix
@@ -50,6 +55,11 @@ class EngineConfig:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):
             raise ValueError("kv_page_size must be a power of two")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.speculative not in (None, "ngram"):
             raise ValueError(
                 f"speculative must be 'ngram' (or None), got {self.speculative!r}; draft-model "

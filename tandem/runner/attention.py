@@ -24,7 +24,7 @@ from types import ModuleType
 import mlx.core as mx
 import mlx.nn as nn
 
-from tandem.runner import kernels
+from tandem.runner import kernels, kv_quant
 from tandem.runner.layers import ProbeCache
 from tandem.runner.paged import PagedCache
 from tandem.runner.step_context import AttnView
@@ -66,12 +66,13 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
         return mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=scale, mask=mask, sinks=sinks
         )
+    pool = cache.state
     view = cache.ctx.view(cache.spec.window, kernel=sinks is None)
     if cache.ctx.sequence:  # (1, H, n, D) -> (n, H, 1, D) and back
         flat = [x[0].transpose(1, 0, 2)[:, :, None, :] for x in (queries, keys, values)]
-        out = gather_attention(view, *flat, cache.state, scale, sinks)
+        out = gather_attention(view, *flat, pool, scale, sinks)
         return out[:, :, 0, :].transpose(1, 0, 2)[None]
-    return gather_attention(view, queries, keys, values, cache.state, scale, sinks)
+    return gather_attention(view, queries, keys, values, pool, scale, sinks)
 
 
 def gather_attention(
@@ -79,13 +80,14 @@ def gather_attention(
     queries: mx.array,
     keys: mx.array,
     values: mx.array,
-    pool: mx.array,
+    pool: kv_quant.Buffer,
     scale: float,
     sinks: mx.array | None = None,
 ) -> mx.array:
     """``queries`` (T, H, 1, D), the step's fresh ``keys``/``values`` (T, Hkv, 1, D), the
-    layer's pool (slots, 2 Hkv, D: K then V) already holding them. Returns (T, H, 1, D).
-    Without the kernel this is the pure-MLX path, and the oracle of every kernel."""
+    layer's pool (slots, 2 Hkv, D: K then V; or its quantized pages) already holding them.
+    Returns (T, H, 1, D). Without the kernel this is the pure-MLX path, and the oracle of
+    every kernel."""
     hkv = keys.shape[1]
     outs = []
     for g in view.decodes:
@@ -96,9 +98,7 @@ def gather_attention(
             )
             outs.append(o[:, :, None, :])
             continue
-        b = g.tables.shape[0]
-        pages = pool.reshape(pool.shape[0] // g.page, -1)  # whole pages: contiguous gathers
-        x = pages[g.tables].reshape(b, -1, 2 * hkv, pool.shape[-1])[:, : g.longest]
+        x = kv_quant.take_pages(pool, g.tables, g.page, g.longest)  # (B, L, 2 Hkv, D)
         # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
         k = mx.contiguous(x[:, :, :hkv].transpose(0, 2, 1, 3))  # (B, Hkv, L, D)
         v = mx.contiguous(x[:, :, hkv:].transpose(0, 2, 1, 3))
@@ -108,10 +108,13 @@ def gather_attention(
     for c in view.chunks:
         q = queries[c.first : c.first + c.n, :, 0, :].transpose(1, 0, 2)[None]  # (1, H, n, D)
         if c.slots is None:
-            k = keys[c.first : c.first + c.n, :, 0, :]
-            v = values[c.first : c.first + c.n, :, 0, :]
+            k, v = kv_quant.roundtrip(
+                pool,
+                keys[c.first : c.first + c.n, :, 0, :],
+                values[c.first : c.first + c.n, :, 0, :],
+            )
         else:
-            x = pool[c.slots]  # (L, 2 Hkv, D)
+            x = kv_quant.take(pool, c.slots)  # (L, 2 Hkv, D)
             k, v = x[:, :hkv], x[:, hkv:]
         k = mx.contiguous(k.transpose(1, 0, 2)[None])
         v = mx.contiguous(v.transpose(1, 0, 2)[None])

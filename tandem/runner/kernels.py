@@ -11,7 +11,9 @@ W-th key of its chunk with an online softmax in float32 and the groups merge thr
 memory. When every sequence fits one chunk that is the output (one launch); otherwise the
 blocks write normalized partials with their log-sum-exp and a second kernel merges each
 sequence's partials (two launches, where merging in MLX ops cost about ten per layer). K and
-V are read in place from the pool (no gather).
+V are read in place from the pool (no gather). Quantized pages (``runner.kv_quant``) are read
+in place too, on CUDA: each load takes its bits from the packed word and applies its group's
+scale and bias (the Metal body has no such variant; quantized pages gather there).
 
 CUDA (``mx.fast.cuda_kernel``) is measured on the H200 (docs/benchmarks.md). The Metal
 version (``mx.fast.metal_kernel``) follows the same algorithm but could not be compiled or
@@ -26,6 +28,8 @@ import re
 
 import mlx.core as mx
 import numpy as np
+
+from tandem.runner import kv_quant
 
 log = logging.getLogger("tandem")
 
@@ -214,39 +218,64 @@ def _source(body: str, dialect: str, split: int | None) -> str:
 # Shapes that change from step to step (table width, work items) are inputs, not template
 # parameters: a template value is a new kernel to compile.
 _INPUTS = ["q", "kv_pool", "tables", "lengths", "work", "scale", "dims"]
+# Quantized pages (runner/kv_quant.py): packed values, scales and biases instead of the pool.
+_QUANT_INPUTS = ["q", "kv_q", "kv_s", "kv_b", "tables", "lengths", "work", "scale", "dims"]
 CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-decoding)
-_kernels: dict[str, object] = {}
+_kernels: dict[tuple[str, bool], object] = {}
 _checked: dict[tuple, bool] = {}
 
+# A pool value at flat index x of a quantized pool (slot-major, K then V, as the float pool):
+# its BITS-bit field in word x * BITS / 32, times its group's scale, plus its bias.
+_DEQUANT = (
+    "(static_cast<float>((kv_q[(X) * BITS / 32] >> (((X) % (32 / BITS)) * BITS)) "
+    "& ((1u << BITS) - 1u)) * static_cast<float>(kv_s[(X) / G]) "
+    "+ static_cast<float>(kv_b[(X) / G]))"
+)
 
-def _build(name: str):
-    """``name``: "single", "split" or "merge"; None when no GPU backend is present."""
-    if not _kernels:
+
+def _quantized_reads(body: str) -> str:
+    """The CUDA body reading quantized pages: every ``kv_pool[x]`` load dequantized."""
+    return re.sub(
+        r"static_cast<float>\(kv_pool\[([^\]]+)\]\)",
+        lambda m: _DEQUANT.replace("X", m.group(1)),
+        body,
+    )
+
+
+def _build(name: str, quantized: bool = False):
+    """``name``: "single", "split" or "merge"; None when no GPU backend (or, for quantized
+    pages, no CUDA backend: the Metal body has no quantized reads) is present."""
+    key = (name, quantized)
+    if key not in _kernels:
         if mx.cuda.is_available():
             make, body, dialect = mx.fast.cuda_kernel, _CUDA_BODY, "cuda"
-        elif mx.metal.is_available():
+        elif mx.metal.is_available() and not quantized:
             make, body, dialect = mx.fast.metal_kernel, _METAL_BODY, "metal"
         else:
             return None
-        _kernels["single"] = make(
-            name="tandem_paged_decode",
-            input_names=_INPUTS,
+        tag = "_q" if quantized else ""
+        if quantized:
+            body = _quantized_reads(body)
+        inputs = _QUANT_INPUTS if quantized else _INPUTS
+        _kernels["single", quantized] = make(
+            name=f"tandem_paged_decode{tag}",
+            input_names=inputs,
             output_names=["out"],
             source=_source(body, dialect, 0),
         )
-        _kernels["split"] = make(
-            name="tandem_paged_decode_split",
-            input_names=_INPUTS,
+        _kernels["split", quantized] = make(
+            name=f"tandem_paged_decode_split{tag}",
+            input_names=inputs,
             output_names=["part", "lse"],
             source=_source(body, dialect, 1),
         )
-        _kernels["merge"] = make(
-            name="tandem_paged_merge",
+        _kernels["merge", quantized] = make(
+            name=f"tandem_paged_merge{tag}",
             input_names=["part", "lse", "offsets"],
             output_names=["out"],
             source=_source(_MERGE, dialect, None),
         )
-    return _kernels[name]
+    return _kernels[key]
 
 
 class DecodeWork:
@@ -267,7 +296,7 @@ class DecodeWork:
 
 def paged_decode(
     q: mx.array,
-    pool: mx.array,
+    pool: kv_quant.Buffer,
     tables: mx.array,
     lengths: mx.array,
     scale: float,
@@ -275,7 +304,8 @@ def paged_decode(
     work: DecodeWork,
 ) -> mx.array:
     b, h, d = q.shape
-    hkv = pool.shape[1] // 2
+    quantized = isinstance(pool, kv_quant.QuantizedPages)
+    hkv = (pool.entry[0] if quantized else pool.shape[1]) // 2
     template = [
         ("T", q.dtype),
         ("H", h),
@@ -285,9 +315,11 @@ def paged_decode(
         ("NW", WARPS),
         ("CHUNK", CHUNK),
     ]
+    if quantized:
+        template += [("BITS", pool.bits), ("G", pool.group)]
     inputs = [
         q,
-        pool,
+        *kv_quant.parts(pool),
         tables,
         lengths,
         work.items,
@@ -296,7 +328,7 @@ def paged_decode(
     ]
     threads = (work.num_items * h * 32 * WARPS, 1, 1)
     if not work.split:
-        (out,) = _build("single")(
+        (out,) = _build("single", quantized)(
             inputs=inputs,
             template=template,
             grid=threads,
@@ -305,7 +337,7 @@ def paged_decode(
             output_dtypes=[q.dtype],
         )
         return out
-    part, lse = _build("split")(
+    part, lse = _build("split", quantized)(
         inputs=inputs,
         template=template,
         grid=threads,
@@ -313,7 +345,7 @@ def paged_decode(
         output_shapes=[(work.num_items, h, d), (work.num_items, h)],
         output_dtypes=[mx.float32, mx.float32],
     )
-    (out,) = _build("merge")(
+    (out,) = _build("merge", quantized)(
         inputs=[part, lse, work.offsets],
         template=[("T", q.dtype), ("H", h), ("D", d)],
         grid=(b * h * d, 1, 1),
@@ -326,43 +358,52 @@ def paged_decode(
 
 def reference(q, pool, tables, lengths, scale: float, page_size: int) -> mx.array:
     """The same attention by gathering each sequence's pages (the oracle)."""
-    hkv = pool.shape[1] // 2
     outs = []
     for i in range(q.shape[0]):
         n = int(lengths[i].item())
         pages = tables[i, : -(-n // page_size)]
         slots = (pages[:, None] * page_size + mx.arange(page_size)[None]).reshape(-1)[:n]
-        k = pool[slots][:, :hkv].transpose(1, 0, 2)[None]
-        v = pool[slots][:, hkv:].transpose(1, 0, 2)[None]
+        x = kv_quant.take(pool, slots)  # (n, 2 Hkv, D)
+        hkv = x.shape[1] // 2
+        k = x[:, :hkv].transpose(1, 0, 2)[None]
+        v = x[:, hkv:].transpose(1, 0, 2)[None]
         outs.append(mx.fast.scaled_dot_product_attention(q[i : i + 1, :, None], k, v, scale=scale))
     return mx.concatenate(outs)[:, :, 0, :]
 
 
-def available(head_dim: int, num_heads: int, num_kv_heads: int, dtype: mx.Dtype) -> bool:
-    """Whether the device kernel exists for this shape and agrees with the gather path (checked
-    once per shape on a small random case)."""
-    key = (head_dim, num_heads, num_kv_heads, dtype)
+def available(
+    head_dim: int,
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: mx.Dtype,
+    quant: kv_quant.KVQuant | None = None,
+) -> bool:
+    """Whether the device kernel exists for this shape (and KV quantization) and agrees with
+    the gather path (checked once per shape on a small random case)."""
+    key = (head_dim, num_heads, num_kv_heads, dtype, quant)
     if key in _checked:
         return _checked[key]
     ok = False
     if head_dim % 32 == 0 and num_heads % num_kv_heads == 0 and mx.default_device() != mx.cpu:
         try:
-            ok = _selfcheck(head_dim, num_heads, num_kv_heads, dtype)
+            ok = _selfcheck(head_dim, num_heads, num_kv_heads, dtype, quant)
         except Exception as e:  # noqa: BLE001 - any failure means: use the gather path
             log.warning("paged decode kernel unavailable (%s: %s)", type(e).__name__, e)
     _checked[key] = ok
     return ok
 
 
-def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype) -> bool:
+def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None) -> bool:
     """Both variants against ``reference``, over pages scattered through the pool: ragged
     lengths within one chunk (the single launch), then one short, one inside a chunk and one
     over three chunks (split and merge)."""
     cases = ([1, 40, CHUNK], [1, 40, 2 * CHUNK + 77])
-    return all(_check_case(d, h, hkv, dtype, lengths) for lengths in cases)
+    return all(_check_case(d, h, hkv, dtype, lengths, quant) for lengths in cases)
 
 
-def _check_case(d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int]) -> bool:
+def _check_case(
+    d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int], quant: kv_quant.KVQuant | None
+) -> bool:
     p, pages = 16, 96
     rng = np.random.default_rng(0)
     width = -(-max(lengths) // p)
@@ -376,6 +417,10 @@ def _check_case(d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int]) -
     k1, k2 = mx.random.split(mx.random.key(0), 2)
     q = mx.random.normal((len(lengths), h, d), key=k1).astype(dtype)
     kv = mx.random.normal((pages * p, 2 * hkv, d), key=k2).astype(dtype)
+    if quant is not None:
+        pool = kv_quant.QuantizedPages(pages * p, (2 * hkv, d), dtype, quant)
+        pool.q, pool.scales, pool.biases = pool.encode(kv)
+        kv = pool
     t, n = mx.array(tables), mx.array(lengths, dtype=mx.int32)
     work = DecodeWork(lengths)
     got = paged_decode(q, kv, t, n, d**-0.5, p, work).astype(mx.float32)

@@ -14,7 +14,8 @@ from mlx_lm.models.cache import ArraysCache
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.runner import attention, gated_delta, kernels, layers, recurrent_step, verify
-from tandem.runner.paged import PagedCache, PagePool
+from tandem.runner.kv_quant import KVQuant
+from tandem.runner.paged import PagedCache, PagePool, bytes_per_token, quantizable
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
     SamplingArrays,
@@ -69,10 +70,12 @@ class ModelRunner:
         double_buffer: bool | None = None,
         decode_kernel: bool | None = None,
         verify_layers: bool = True,
+        kv_quant: KVQuant | None = None,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
-        overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set."""
+        overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set.
+        ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -96,6 +99,7 @@ class ModelRunner:
         # (the CPU backend always gathers). None: decided when the pool is allocated.
         self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
+        self.kv_quant = kv_quant
         self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
 
@@ -106,7 +110,18 @@ class ModelRunner:
 
     @property
     def bytes_per_token(self) -> int:
-        return (2 if self.double_buffer else 1) * sum(s.bytes_per_token for s in self.specs)
+        per_set = sum(bytes_per_token(s, self.kv_quant) for s in self.specs)
+        return (2 if self.double_buffer else 1) * per_set
+
+    @property
+    def kv_description(self) -> str:
+        """The KV entries' storage, for the start-up report."""
+        used = [s for s in self.specs if not s.unused]
+        dtype = str(used[0].dtype).removeprefix("mlx.core.") if used else "none"
+        if self.kv_quant is None:
+            return dtype
+        n = sum(quantizable(s, self.kv_quant) for s in used)
+        return f"int{self.kv_quant.bits} in {n} of {len(used)} layers, else {dtype}"
 
     @property
     def dense_bytes_per_token(self) -> int:
@@ -131,18 +146,27 @@ class ModelRunner:
         """Create the pools once, before serving: their sizes never change. ``state_slots``:
         recurrent states for that many sequences (the scheduler's ``max_num_seqs``)."""
         with mx.stream(self.stream):
-            self.pool = PagePool(self.specs, num_pages, page_size, double_buffer=self.double_buffer)
+            self.pool = PagePool(
+                self.specs,
+                num_pages,
+                page_size,
+                double_buffer=self.double_buffer,
+                quant=self.kv_quant,
+            )
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, max(1, state_slots))
             if self.decode_kernel is not False:
+                q = self.kv_quant
                 full = {
-                    (s.k_dim, s.k_heads, s.dtype) for s in self.specs if not (s.dense or s.unused)
+                    (s.k_dim, s.k_heads, s.dtype, self.kv_quant if quantizable(s, q) else None)
+                    for s in self.specs
+                    if not (s.dense or s.unused)
                 }
                 heads = self.num_heads
                 self.decode_kernel = (
                     heads is not None
                     and bool(full)
-                    and all(kernels.available(d, heads, hkv, t) for d, hkv, t in full)
+                    and all(kernels.available(d, heads, hkv, t, q) for d, hkv, t, q in full)
                 )
             if self.dense:
                 self.mask_rank = self._dense_mask_rank()

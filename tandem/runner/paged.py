@@ -27,6 +27,8 @@ import gc
 import mlx.core as mx
 import numpy as np
 
+from tandem.runner import kv_quant
+from tandem.runner.kv_quant import Buffer, KVQuant, QuantizedPages
 from tandem.runner.layers import LayerSpec
 from tandem.runner.step_context import StepContext
 
@@ -35,18 +37,26 @@ class PagePool:
     """Owns the per-layer buffers. Pages are assigned by the scheduler, not here."""
 
     def __init__(
-        self, specs: list[LayerSpec], num_pages: int, page_size: int, *, double_buffer: bool
+        self,
+        specs: list[LayerSpec],
+        num_pages: int,
+        page_size: int,
+        *,
+        double_buffer: bool,
+        quant: KVQuant | None = None,
     ) -> None:
         self.specs = specs
+        self.quant = quant
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_sets = 2 if double_buffer else 1
-        self.sets: list[list[mx.array]] = []
+        self.sets: list[list[Buffer]] = []
         self.current = 0
-        # This step's writes (host slots, device slots, K/V entries per layer), which the
-        # other set replays next step, and the previous step's, merged into this one's.
-        self._step: tuple[np.ndarray, mx.array, list[mx.array]] | None = None
-        self._lag: tuple[mx.array, list[mx.array]] | None = None
+        # This step's writes (host slots, device slots, each layer's encoded K/V entries),
+        # which the other set replays next step, and the previous step's, merged into this
+        # one's.
+        self._step: tuple[np.ndarray, mx.array, list[list[mx.array]]] | None = None
+        self._lag: tuple[mx.array, list[list[mx.array]]] | None = None
         self._keep: mx.array | None = None
         self.reset()
 
@@ -56,7 +66,10 @@ class PagePool:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.num_sets * sum(s.bytes_per_token for s in self.specs)
+        return self.num_sets * sum(bytes_per_token(s, self.quant) for s in self.specs)
+
+    def quantized(self, layer: int) -> bool:
+        return quantizable(self.specs[layer], self.quant)
 
     def reset(self) -> None:
         """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
@@ -67,11 +80,16 @@ class PagePool:
         mx.clear_cache()
         for _ in range(self.num_sets):
             bufs = []
-            for s in self.specs:
-                entry = (s.width,) if s.dense else (s.k_heads + s.v_heads, s.k_dim)
+            for i, s in enumerate(self.specs):
+                entry = _entry(s)
                 rows = 1 if s.unused else self.num_slots  # never written nor read
-                buf = mx.zeros((rows, *entry), dtype=s.dtype)
-                mx.eval(buf)
+                buf: Buffer
+                if self.quantized(i):
+                    assert self.quant is not None
+                    buf = QuantizedPages(rows, entry, s.dtype, self.quant)
+                else:
+                    buf = mx.zeros((rows, *entry), dtype=s.dtype)
+                mx.eval(*kv_quant.parts(buf))
                 bufs.append(buf)
             self.sets.append(bufs)
         self.current = 0
@@ -104,21 +122,26 @@ class PagePool:
             vals = mx.concatenate([keys.reshape(n, -1), values.reshape(n, -1)], axis=1)
         else:
             vals = mx.concatenate([keys, values], axis=1)
-        buf = self.sets[self.current]
+        buf = self.sets[self.current][layer]
+        encoded = buf.encode(vals) if isinstance(buf, QuantizedPages) else [vals]
+        at = slots
         if self.num_sets > 1:
-            self._step[2].append(vals)
+            self._step[2].append(encoded)
             if self._lag is not None:
                 merged, lag_vals = self._lag
-                old = lag_vals[layer] if self._keep is None else lag_vals[layer][self._keep]
-                buf[layer][merged] = mx.concatenate([old, vals])
-                return
-        buf[layer][slots] = vals
+                old = lag_vals[layer]
+                if self._keep is not None:
+                    old = [o[self._keep] for o in old]
+                encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
+                at = merged
+        for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
+            part[at] = e
 
-    def layer(self, layer: int) -> mx.array:
+    def layer(self, layer: int) -> Buffer:
         return self.sets[self.current][layer]
 
     def arrays(self) -> list[mx.array]:
-        return list(self.sets[self.current])
+        return [a for buf in self.sets[self.current] for a in kv_quant.parts(buf)]
 
 
 class PagedCache:
@@ -150,7 +173,7 @@ class PagedCache:
         s = self.spec
         view = self.ctx.dense(s.window)
         t, width = view.slots.shape
-        x = self.pool.layer(self.layer)[view.slots]  # (T, L, width)
+        x = kv_quant.take(self.pool.layer(self.layer), view.slots)  # (T, L, width)
         split = s.k_heads * s.k_dim
         k = x[..., :split].reshape(t, width, s.k_heads, s.k_dim).transpose(0, 2, 1, 3)
         v = x[..., split:].reshape(t, width, s.v_heads, s.v_dim).transpose(0, 2, 1, 3)
@@ -166,5 +189,22 @@ class PagedCache:
         return self.ctx.dense(window_size or self.spec.window).mask
 
     @property
-    def state(self) -> mx.array:
+    def state(self) -> Buffer:
         return self.pool.layer(self.layer)
+
+
+def _entry(spec: LayerSpec) -> tuple[int, ...]:
+    return (spec.width,) if spec.dense else (spec.k_heads + spec.v_heads, spec.k_dim)
+
+
+def quantizable(spec: LayerSpec, quant: KVQuant | None) -> bool:
+    """Whether the layer's pages are quantized: some group size divides its entries."""
+    return quant is not None and not spec.unused and quant.group_for(_entry(spec)) is not None
+
+
+def bytes_per_token(spec: LayerSpec, quant: KVQuant | None) -> int:
+    """Pool bytes one position costs in this layer (rounded up)."""
+    if not quantizable(spec, quant):
+        return spec.bytes_per_token
+    assert quant is not None
+    return quant.bytes_per_slot(_entry(spec), spec.dtype)

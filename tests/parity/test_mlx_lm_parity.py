@@ -41,9 +41,10 @@ def test_single_request_matches_mlx_lm(tiny_model_dir, arch):
     assert out.finish_reason == "length"
 
 
-def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int = 3):
+def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int = 3, solo=None):
     """Requests of different lengths join at different steps; some stop mid-chain on a stop
-    token, some are aborted while a step is in flight."""
+    token, some are aborted while a step is in flight. Each must equal mlx-lm's greedy
+    output, or ``solo(prompt, n)``'s where given."""
     engine = llm.engine
     vocab = llm.tokenizer.vocab_size
     specs = []
@@ -53,7 +54,7 @@ def run_staggered(llm: LLM, path, rng: random.Random, num: int = 18, aborts: int
         if i % 3 == 0:  # prefix-cache hits of different lengths, in place and by copy
             prompt = shared[: rng.randint(10, 40)] + prompt[: rng.randint(0, 8)]
         n = rng.randint(1, 28)
-        ref = reference(path, prompt, n)
+        ref = reference(path, prompt, n) if solo is None else solo(prompt, n)
         stop: tuple[int, ...] = ()
         if i % 4 == 1 and n > 4:  # finish early on a token the reference emits mid-way
             stop = (ref[rng.randrange(2, n - 1)],)

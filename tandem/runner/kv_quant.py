@@ -1,0 +1,120 @@
+"""Quantized KV pages (``--kv-cache-dtype int8|int4``).
+
+A quantized layer keeps, per pool slot, its K and V entries as ``mx.quantize`` stores them:
+each run of ``group`` consecutive values along the last axis (a head's dimension in a paged
+layer, the flattened K-then-V width in a dense one) becomes ``bits``-bit integers packed in
+uint32 words, with one scale and one bias in the pool's dtype, as mlx-lm's
+``QuantizedKVCache`` quantizes per token (group 64 by default). A slot holds a token, a
+page ``page_size`` slots, so every page is quantized on its own: sharing, freeing and the
+prefix cache work on quantized pages exactly as on float ones.
+
+Attention dequantizes what it reads (the pages a decode group gathers, a chunk's history),
+and a chunk attending over its own fresh keys first rounds them through the same
+quantization, so every read of a position sees the same values whichever path reads it: a
+prompt's tokens come out the same chunked or whole, with a prefix hit or without, overlap on
+or off. A layer whose last axis no group size divides stays in the float dtype (reported at
+start).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from tandem.config import KV_CACHE_DTYPES
+
+GROUP_SIZES = (64, 32)  # the first that divides a layer's last axis
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    bits: int
+
+    @staticmethod
+    def parse(name: str) -> KVQuant | None:
+        """``auto``: the model's dtype, unquantized; ``int8`` / ``int4``."""
+        bits = KV_CACHE_DTYPES[name]
+        return None if bits is None else KVQuant(bits)
+
+    @staticmethod
+    def group_for(entry: tuple[int, ...]) -> int | None:
+        """The group size for slot entries shaped ``entry`` (None: not quantizable)."""
+        width = math.prod(entry)
+        for dim in (entry[-1], width):
+            for g in GROUP_SIZES:
+                if dim % g == 0:
+                    return g
+        return None
+
+    def bytes_per_slot(self, entry: tuple[int, ...], dtype: mx.Dtype) -> int:
+        """Pool bytes of one slot: packed values, one scale and one bias per group."""
+        group = self.group_for(entry)
+        width = math.prod(entry)
+        if group is None:
+            return width * dtype.size
+        return width * self.bits // 8 + 2 * (width // group) * dtype.size
+
+
+class QuantizedPages:
+    """One layer's quantized pool: packed values, scales and biases, one row per slot."""
+
+    def __init__(self, rows: int, entry: tuple[int, ...], dtype: mx.Dtype, quant: KVQuant):
+        group = quant.group_for(entry)
+        assert group is not None, "a layer no group size divides stays unquantized"
+        self.bits, self.group, self.entry = quant.bits, group, entry
+        width = math.prod(entry)
+        self.q = mx.zeros((rows, width * quant.bits // 32), dtype=mx.uint32)
+        self.scales = mx.zeros((rows, width // group), dtype=dtype)
+        self.biases = mx.zeros((rows, width // group), dtype=dtype)
+
+    def parts(self) -> list[mx.array]:
+        return [self.q, self.scales, self.biases]
+
+    def encode(self, x: mx.array) -> list[mx.array]:
+        """(N, *entry) entries as the pool stores them."""
+        flat = x.reshape(x.shape[0], -1)
+        return list(mx.quantize(flat, group_size=self.group, bits=self.bits))
+
+    def decode(self, q: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+        """Stored rows (any leading shape) back to (..., *entry)."""
+        x = mx.dequantize(q, scales, biases, group_size=self.group, bits=self.bits)
+        return x.reshape(*q.shape[:-1], *self.entry)
+
+
+Buffer = mx.array | QuantizedPages
+
+
+def parts(buf: Buffer) -> list[mx.array]:
+    return buf.parts() if isinstance(buf, QuantizedPages) else [buf]
+
+
+def take(buf: Buffer, slots: mx.array) -> mx.array:
+    """The entries at ``slots`` (any shape), dequantized: ``slots.shape + entry``."""
+    if not isinstance(buf, QuantizedPages):
+        return buf[slots]
+    return buf.decode(*(p[slots] for p in buf.parts()))
+
+
+def take_pages(buf: Buffer, tables: mx.array, page: int, longest: int) -> mx.array:
+    """Each row's first ``longest`` positions through its page table (B, max_pages): whole
+    pages gathered as contiguous runs, then cut; (B, longest) + entry, dequantized."""
+    b = tables.shape[0]
+
+    def gather(a: mx.array) -> mx.array:
+        x = a.reshape(a.shape[0] // page, -1)[tables]
+        return x.reshape(b, -1, *a.shape[1:])[:, :longest]
+
+    if not isinstance(buf, QuantizedPages):
+        return gather(buf)
+    return buf.decode(*(gather(p) for p in buf.parts()))
+
+
+def roundtrip(buf: Buffer, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    """Fresh (N, Hkv, D) keys and values as a read of the pool returns them once written
+    (unchanged for a float pool)."""
+    if not isinstance(buf, QuantizedPages):
+        return keys, values
+    x = buf.decode(*buf.encode(mx.concatenate([keys, values], axis=1)))
+    return x[:, : keys.shape[1]], x[:, keys.shape[1] :]

@@ -1,0 +1,133 @@
+"""Quantized KV pages (``kv_cache_dtype`` int8 / int4): whatever the schedule — staggered
+arrivals, chunked prefill, prefix hits shared and adopted, aborts, overlap on and off, one or
+two buffer sets, speculation — every request's tokens equal its own run alone on a quantized
+engine, for plain, windowed, sink, MLA and hybrid recurrent models. How far quantized KV is
+from float KV is measured on the default model (tests/test_default_model.py and ``tandem
+bench kv-quant``)."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_mlx_lm_parity import greedy, run_staggered
+
+from tandem import LLM
+from tandem.runner import kv_quant
+from tandem.runner.kv_quant import KVQuant, QuantizedPages
+from tandem.runner.layers import LayerSpec
+from tandem.runner.paged import PagePool, bytes_per_token, quantizable
+from tandem.testing import tiny_models
+from tandem.testing.families import RECURRENT, family_config
+
+
+def solo_reference(path, dtype: str, **options):
+    """(prompt, n) -> greedy tokens of the request alone: one prefill, no cache, no overlap."""
+    llm = LLM(str(path), kv_cache_dtype=dtype, overlap=False, prefix_cache=False, **options)
+    cache: dict[tuple, list[int]] = {}
+
+    def run(prompt: list[int], n: int) -> list[int]:
+        key = (tuple(prompt), n)
+        if key not in cache:
+            cache[key] = llm.generate([prompt], greedy(n))[0].token_ids
+        return cache[key]
+
+    return run
+
+
+def staggered_ways(path, dtype: str, seed: str, ways, **options) -> None:
+    """run_staggered (every request equal to its solo run) each way."""
+    solo = solo_reference(path, dtype, **options)
+    for way in ways:
+        llm = LLM(
+            str(path),
+            kv_cache_dtype=dtype,
+            check_invariants=True,
+            max_num_seqs=32,
+            **options,
+            **way,
+        )
+        runner = llm.engine.loop.runner
+        assert all(quantizable(s, runner.kv_quant) for s in runner.specs), runner.kv_description
+        run_staggered(llm, path, random.Random(seed), solo=solo)
+        assert llm.engine.scheduler.stats.hit_tokens > 0
+
+
+WAYS = (
+    {"overlap": True, "kv_double_buffer": True},
+    {"overlap": True, "kv_double_buffer": False, "max_num_batched_tokens": 16},
+    {"overlap": False, "kv_page_size": 4, "max_num_batched_tokens": 24},
+)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_schedule_does_not_change_quantized_output(tiny_model_dir, arch, dtype):
+    staggered_ways(tiny_model_dir(arch), dtype, arch, WAYS)
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next"])
+def test_families_with_quantized_kv(family_model_dir, tmp_path, model_type):
+    """Windows of 8 positions (prompts far longer), sinks, MLA latents gathered per token,
+    and attention beside Gated DeltaNet state (resumed from snapshots on a hit)."""
+    path = family_model_dir(model_type)
+    if model_type == "deepseek_v3":  # a latent of 56 + 8 rope values: groups of 64
+        config = {**family_config(model_type), "kv_lora_rank": 56}
+        path = tiny_models._write_model(tmp_path / "mla", config, 0, "float32", 512)
+    ways = WAYS[:1] + WAYS[2:] if model_type in RECURRENT else WAYS
+    staggered_ways(path, "int8", model_type, ways)
+
+
+def test_speculation_on_quantized_kv_changes_nothing(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 500) for _ in range(6)] * 4 for _ in range(4)]
+    outs = []
+    for spec in ({}, {"speculative": "ngram", "num_speculative_tokens": 4}):
+        llm = LLM(str(path), kv_cache_dtype="int4", kv_page_size=4, check_invariants=True, **spec)
+        outs.append([o.token_ids for o in llm.generate(prompts, greedy(60))])
+    assert outs[0] == outs[1]
+    assert llm.engine.scheduler.stats.spec_accepted > 0
+
+
+def test_quantized_pool_stores_what_attention_reads():
+    """A write through the double buffer, read back by slot and by page table, equals the
+    round trip of the fresh entries; float layers and unquantizable ones are untouched."""
+    specs = [LayerSpec(2, 64, 2, 64, mx.float32), LayerSpec(1, 8, 1, 8, mx.float32)]
+    pool = PagePool(specs, 4, 4, double_buffer=True, quant=KVQuant(4))
+    assert pool.quantized(0) and not pool.quantized(1)  # 16 values: no group divides them
+    rng = np.random.default_rng(0)
+    for slots in ([0, 1, 2], [3, 8, 9]):
+        s = np.array(slots)
+        pool.begin_step(s, mx.array(s))
+        k, v = (mx.array(rng.standard_normal((3, 2, 64)).astype(np.float32)) for _ in "kv")
+        pool.write(0, mx.array(s), k, v)
+        rk, rv = kv_quant.roundtrip(pool.layer(0), k, v)
+        got = kv_quant.take(pool.layer(0), mx.array(s))
+        assert mx.array_equal(got, mx.concatenate([rk, rv], axis=1)).item()
+        assert 0 < mx.abs(rk - k).max().item() < 0.5  # int4 of unit normals
+    # Both steps' writes in the current set, read as page tables (page 2 holds slots 8, 9).
+    table = mx.array([[0, 2]], dtype=mx.int32)
+    x = kv_quant.take_pages(pool.layer(0), table, 4, 6)
+    assert x.shape == (1, 6, 4, 64)
+    first = kv_quant.take(pool.layer(0), mx.array([0, 1, 2, 3, 8, 9]))
+    assert mx.array_equal(x[0], first).item()
+    assert isinstance(pool.layer(0), QuantizedPages) and isinstance(pool.layer(1), mx.array)
+
+
+def test_memory_per_token_of_a_real_shape():
+    """Qwen3-8B's layers in float16 (8 KV heads of 128): int8 holds ~1.9x the tokens, int4
+    ~3.6x (packed values plus a float16 scale and bias per group of 64)."""
+    spec = LayerSpec(8, 128, 8, 128, mx.float16)
+    full = bytes_per_token(spec, None)
+    assert full == 4096
+    assert bytes_per_token(spec, KVQuant(8)) == 2048 + 2 * 32 * 2
+    assert bytes_per_token(spec, KVQuant(4)) == 1024 + 2 * 32 * 2
+    assert full / bytes_per_token(spec, KVQuant(4)) > 3.5
+
+
+def test_unknown_kv_cache_dtype_is_refused():
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, int8, int4"):
+        LLM(kv_cache_dtype="fp8")
