@@ -224,22 +224,40 @@ CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-
 _kernels: dict[tuple[str, bool], object] = {}
 _checked: dict[tuple, bool] = {}
 
-# A pool value at flat index x of a quantized pool (slot-major, K then V, as the float pool):
-# its BITS-bit field in word x * BITS / 32, times its group's scale, plus its bias.
-_DEQUANT = (
-    "(static_cast<float>((kv_q[(X) * BITS / 32] >> (((X) % (32 / BITS)) * BITS)) "
-    "& ((1u << BITS) - 1u)) * static_cast<float>(kv_s[(X) / G]) "
-    "+ static_cast<float>(kv_b[(X) / G]))"
+# Quantized pages: the E values a lane reads for one key (K at ``base``, V at ``vbase``: flat
+# indices, slot-major, K then V, as in the float pool) lie in one quantization group (E <= G
+# and both divide D), so the lane loads its group's scale and bias once and each packed word
+# once, and unpacks BITS-bit fields from them (mx.quantize's layout: value x in word
+# x * BITS / 32 at bit (x % (32 / BITS)) * BITS; value = field * scale + bias).
+_DEQUANT = """
+        float NAME[E];
+        {
+            size_t w = (INDEX) * BITS / 32;
+            int sh = (int)((INDEX) % (32 / BITS)) * BITS;
+            float sc = static_cast<float>(kv_s[(INDEX) / G]);
+            float bi = static_cast<float>(kv_b[(INDEX) / G]);
+            uint32_t word = kv_q[w];
+            for (int e = 0; e < E; ++e) {
+                if (sh == 32) { word = kv_q[++w]; sh = 0; }
+                NAME[e] = static_cast<float>((word >> sh) & ((1u << BITS) - 1u)) * sc + bi;
+                sh += BITS;
+            }
+        }
+"""
+_K_LOOP = (
+    "        for (int e = 0; e < E; ++e) s += qv[e] * static_cast<float>(kv_pool[base + e]);\n"
 )
+_V_READ = "static_cast<float>(kv_pool[vbase + e])"
 
 
 def _quantized_reads(body: str) -> str:
-    """The CUDA body reading quantized pages: every ``kv_pool[x]`` load dequantized."""
-    return re.sub(
-        r"static_cast<float>\(kv_pool\[([^\]]+)\]\)",
-        lambda m: _DEQUANT.replace("X", m.group(1)),
-        body,
-    )
+    """The CUDA body reading quantized pages instead of the float pool: K and V are unpacked
+    together (their loads in flight at once) before the score."""
+    assert _K_LOOP in body and _V_READ in body
+    k = _DEQUANT.replace("NAME", "kf").replace("INDEX", "base")
+    v = _DEQUANT.replace("NAME", "vf").replace("INDEX", "vbase")
+    loop = "        for (int e = 0; e < E; ++e) s += qv[e] * kf[e];\n"
+    return body.replace(_K_LOOP, k + v + loop).replace(_V_READ, "vf[e]")
 
 
 def _build(name: str, quantized: bool = False):
