@@ -105,8 +105,9 @@ def speed(llm, context: int, streams: int, max_tokens: int, repeats: int) -> flo
 
 def kernel_times(context: int, streams: list[int], repeats: int = 20) -> list[dict[str, Any]]:
     """One layer of Qwen3-0.6B's attention (16 heads, 8 KV heads of 128), bf16: the decode
-    kernel over float, int8 and int4 pages of ``context`` positions per stream, and the gather
-    path over the same pages; milliseconds per call (median)."""
+    kernel over float, int8 and int4 pages of ``context`` positions per stream (1, 2 or 4 keys
+    per warp iteration), and the gather path over the same pages; milliseconds per call
+    (median)."""
     import mlx.core as mx
     import numpy as np
 
@@ -131,10 +132,10 @@ def kernel_times(context: int, streams: list[int], repeats: int = 20) -> list[di
             work = kernels.DecodeWork([context] * b)
             mx.eval(q, tables, *([pool] if quant is None else pool.parts()))
             row = {"kv": f"int{quant.bits}" if quant else "bf16", "streams": b, "kernel_ok": ok}
-            if ok:
-                row["kernel_ms"] = timeit(
-                    lambda q=q, pool=pool, tables=tables, lengths=lengths, work=work: (
-                        kernels.paged_decode(q, pool, tables, lengths, d**-0.5, page, work)
+            for u in (1, 2, 4) if ok else ():  # keys per warp iteration
+                row[f"kernel_ms_u{u}"] = timeit(
+                    lambda q=q, pool=pool, tables=tables, lengths=lengths, work=work, u=u: (
+                        kernels.paged_decode(q, pool, tables, lengths, d**-0.5, page, work, u)
                     ),
                     repeats,
                 )

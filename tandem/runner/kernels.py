@@ -62,19 +62,40 @@ _CUDA_BODY = """
     }
     float m = __int_as_float(0xff800000);  // -inf
     float l = 0.0f;
-    for (int j = first + warp; j < len; j += W) {
-        size_t slot = (size_t)tables[(size_t)b * MAXP + j / P] * P + (j % P);
-        size_t base = (slot * 2 * HKV + hk) * D + lane * E;
-        size_t vbase = base + (size_t)HKV * D;
-        float s = 0.0f;
-        for (int e = 0; e < E; ++e) s += qv[e] * static_cast<float>(kv_pool[base + e]);
-        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
-        float mn = fmaxf(m, s);
+    // U keys per iteration (every W-th from j): their loads are in flight together.
+    for (int j = first + warp; j < len; j += U * W) {
+        size_t kb[U];
+        float kf[U][E];
+        float vf[U][E];
+        float s[U];
+        for (int u = 0; u < U; ++u) {
+            int ju = j + u * W < len ? j + u * W : j;  // past the end: read j again, masked
+            size_t slot = (size_t)tables[(size_t)b * MAXP + ju / P] * P + (ju % P);
+            kb[u] = (slot * 2 * HKV + hk) * D + lane * E;
+        }
+        for (int u = 0; u < U; ++u) {
+            LOAD(kf[u], kb[u])
+            LOAD(vf[u], kb[u] + (size_t)HKV * D)
+        }
+        for (int u = 0; u < U; ++u) {
+            s[u] = 0.0f;
+            for (int e = 0; e < E; ++e) s[u] += qv[e] * kf[u][e];
+        }
+        for (int off = 16; off > 0; off /= 2)
+            for (int u = 0; u < U; ++u) s[u] += __shfl_xor_sync(0xffffffff, s[u], off);
+        float mn = m;
+        for (int u = 0; u < U; ++u) {
+            if (j + u * W >= len) s[u] = __int_as_float(0xff800000);
+            mn = fmaxf(mn, s[u]);
+        }
         float c = __expf(m - mn);
-        float p = __expf(s - mn);
-        l = l * c + p;
-        for (int e = 0; e < E; ++e)
-            acc[e] = acc[e] * c + p * static_cast<float>(kv_pool[vbase + e]);
+        l *= c;
+        for (int e = 0; e < E; ++e) acc[e] *= c;
+        for (int u = 0; u < U; ++u) {
+            float p = __expf(s[u] - mn);
+            l += p;
+            for (int e = 0; e < E; ++e) acc[e] += p * vf[u][e];
+        }
         m = mn;
     }
     __shared__ float sm[NW];
@@ -224,40 +245,41 @@ CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-
 _kernels: dict[tuple[str, bool], object] = {}
 _checked: dict[tuple, bool] = {}
 
-# Quantized pages: the E values a lane reads for one key (K at ``base``, V at ``vbase``: flat
-# indices, slot-major, K then V, as in the float pool) lie in one quantization group (E <= G
-# and both divide D), so the lane loads its group's scale and bias once and each packed word
-# once, and unpacks BITS-bit fields from them (mx.quantize's layout: value x in word
-# x * BITS / 32 at bit (x % (32 / BITS)) * BITS; value = field * scale + bias).
-_DEQUANT = """
-        float NAME[E];
-        {
+# ``LOAD(dst, index)`` in the CUDA body: the E values a lane reads for one key, K at flat
+# index ``index`` (slot-major, K then V per slot), into float ``dst[E]``. From the float pool:
+# E consecutive values. From quantized pages: the lane loads each packed word once and unpacks
+# BITS-bit fields (mx.quantize's layout: value x in word x * BITS / 32 at bit
+# (x % (32 / BITS)) * BITS; value = field * scale + bias); where E divides the group size G
+# (head dims 64, 128, 256) its values share one scale and bias, loaded once, else (96, 192) it
+# loads the next group's where its values cross into it. Values are unpacked in float32 (the
+# gather path's mx.dequantize rounds them to the pool's dtype first).
+_LOAD_FLOAT = "for (int e = 0; e < E; ++e) NAME[e] = static_cast<float>(kv_pool[(INDEX) + e]);"
+_LOAD_QUANTIZED = """{
             size_t w = (INDEX) * BITS / 32;
             int sh = (int)((INDEX) % (32 / BITS)) * BITS;
-            float sc = static_cast<float>(kv_s[(INDEX) / G]);
-            float bi = static_cast<float>(kv_b[(INDEX) / G]);
+            float gs = static_cast<float>(kv_s[(INDEX) / G]);
+            float gb = static_cast<float>(kv_b[(INDEX) / G]);
             uint32_t word = kv_q[w];
             for (int e = 0; e < E; ++e) {
                 if (sh == 32) { word = kv_q[++w]; sh = 0; }
-                NAME[e] = static_cast<float>((word >> sh) & ((1u << BITS) - 1u)) * sc + bi;
+                if (e > 0 && ((INDEX) + e) % G == 0) {  // E does not divide G (head dim 96)
+                    gs = static_cast<float>(kv_s[((INDEX) + e) / G]);
+                    gb = static_cast<float>(kv_b[((INDEX) + e) / G]);
+                }
+                NAME[e] = static_cast<float>((word >> sh) & ((1u << BITS) - 1u)) * gs + gb;
                 sh += BITS;
             }
-        }
-"""
-_K_LOOP = (
-    "        for (int e = 0; e < E; ++e) s += qv[e] * static_cast<float>(kv_pool[base + e]);\n"
-)
-_V_READ = "static_cast<float>(kv_pool[vbase + e])"
+        }"""
+UNROLL = 2  # keys per warp iteration (the CUDA body's U)
 
 
-def _quantized_reads(body: str) -> str:
-    """The CUDA body reading quantized pages instead of the float pool: K and V are unpacked
-    together (their loads in flight at once) before the score."""
-    assert _K_LOOP in body and _V_READ in body
-    k = _DEQUANT.replace("NAME", "kf").replace("INDEX", "base")
-    v = _DEQUANT.replace("NAME", "vf").replace("INDEX", "vbase")
-    loop = "        for (int e = 0; e < E; ++e) s += qv[e] * kf[e];\n"
-    return body.replace(_K_LOOP, k + v + loop).replace(_V_READ, "vf[e]")
+def _cuda_body(quantized: bool) -> str:
+    load = _LOAD_QUANTIZED if quantized else _LOAD_FLOAT
+    return re.sub(
+        r"LOAD\((.+?), (.+?)\)\n",
+        lambda m: load.replace("NAME", m.group(1)).replace("INDEX", m.group(2)) + "\n",
+        _CUDA_BODY,
+    )
 
 
 def _build(name: str, quantized: bool = False):
@@ -266,14 +288,12 @@ def _build(name: str, quantized: bool = False):
     key = (name, quantized)
     if key not in _kernels:
         if mx.cuda.is_available():
-            make, body, dialect = mx.fast.cuda_kernel, _CUDA_BODY, "cuda"
+            make, body, dialect = mx.fast.cuda_kernel, _cuda_body(quantized), "cuda"
         elif mx.metal.is_available() and not quantized:
             make, body, dialect = mx.fast.metal_kernel, _METAL_BODY, "metal"
         else:
             return None
         tag = "_q" if quantized else ""
-        if quantized:
-            body = _quantized_reads(body)
         inputs = _QUANT_INPUTS if quantized else _INPUTS
         _kernels["single", quantized] = make(
             name=f"tandem_paged_decode{tag}",
@@ -320,6 +340,7 @@ def paged_decode(
     scale: float,
     page_size: int,
     work: DecodeWork,
+    unroll: int = UNROLL,
 ) -> mx.array:
     b, h, d = q.shape
     quantized = isinstance(pool, kv_quant.QuantizedPages)
@@ -333,6 +354,8 @@ def paged_decode(
         ("NW", WARPS),
         ("CHUNK", CHUNK),
     ]
+    if mx.cuda.is_available():
+        template.append(("U", unroll))
     if quantized:
         template += [("BITS", pool.bits), ("G", pool.group)]
     inputs = [

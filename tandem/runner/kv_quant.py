@@ -1,19 +1,21 @@
 """Quantized KV pages (``--kv-cache-dtype int8|int4``).
 
-A quantized layer keeps, per pool slot, its K and V entries as ``mx.quantize`` stores them:
-each run of ``group`` consecutive values along the last axis (a head's dimension in a paged
-layer, the flattened K-then-V width in a dense one) becomes ``bits``-bit integers packed in
+A quantized layer keeps, per pool slot, its entry (K then V, flattened) as ``mx.quantize``
+stores it: each run of ``group`` consecutive values becomes ``bits``-bit integers packed in
 uint32 words, with one scale and one bias in the pool's dtype, as mlx-lm's
-``QuantizedKVCache`` quantizes per token (group 64 by default). A slot holds a token, a
-page ``page_size`` slots, so every page is quantized on its own: sharing, freeing and the
-prefix cache work on quantized pages exactly as on float ones.
+``QuantizedKVCache`` quantizes per token (group 64 by default). The group is the first of 64,
+32 that divides the entry's last axis (a head's dimension; a dense layer's whole width), so a
+group never spans two heads; where neither does (heads of 16 or 80) it is the first that
+divides the flattened entry, and groups span heads (correct, coarser). A layer no group size
+fits stays in the float dtype (the start-up report counts the quantized layers). A slot holds
+a token, a page ``page_size`` slots, so every page is quantized on its own: sharing, freeing
+and the prefix cache work on quantized pages exactly as on float ones.
 
 Attention dequantizes what it reads (the pages a decode group gathers, a chunk's history),
 and a chunk attending over its own fresh keys first rounds them through the same
-quantization, so every read of a position sees the same values whichever path reads it: a
-prompt's tokens come out the same chunked or whole, with a prefix hit or without, overlap on
-or off. A layer whose last axis no group size divides stays in the float dtype (reported at
-start).
+quantization, so on the gather path every read of a position sees the same values whichever
+way it is read: a prompt's tokens come out the same chunked or whole, with a prefix hit or
+without, overlap on or off. (The CUDA decode kernel unpacks in place, in float32.)
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class QuantizedPages:
 
     def encode(self, x: mx.array) -> list[mx.array]:
         """(N, *entry) entries as the pool stores them."""
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], -1).astype(self.scales.dtype)
         return list(mx.quantize(flat, group_size=self.group, bits=self.bits))
 
     def decode(self, q: mx.array, scales: mx.array, biases: mx.array) -> mx.array:

@@ -157,10 +157,13 @@ class ModelRunner:
                 self.state_pool = StatePool(self.state_specs, max(1, state_slots))
             if self.decode_kernel is not False:
                 q = self.kv_quant
+                # With quantized pages, the float variant too: the load-time check against
+                # mlx-lm (runner/verify.py) runs on a float pool.
                 full = {
-                    (s.k_dim, s.k_heads, s.dtype, self.kv_quant if quantizable(s, q) else None)
+                    (s.k_dim, s.k_heads, s.dtype, variant)
                     for s in self.specs
                     if not (s.dense or s.unused)
+                    for variant in {None, q if quantizable(s, q) else None}
                 }
                 heads = self.num_heads
                 self.decode_kernel = (

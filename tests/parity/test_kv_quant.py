@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_mlx_lm_parity import greedy, run_staggered
 
-from tandem import LLM
+from tandem import LLM, SamplingParams
 from tandem.runner import kv_quant
 from tandem.runner.kv_quant import KVQuant, QuantizedPages
 from tandem.runner.layers import LayerSpec
@@ -90,6 +90,51 @@ def test_speculation_on_quantized_kv_changes_nothing(tiny_model_dir):
         outs.append([o.token_ids for o in llm.generate(prompts, greedy(60))])
     assert outs[0] == outs[1]
     assert llm.engine.scheduler.stats.spec_accepted > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_quantized_kv_stays_near_float_kv(tiny_model_dir, arch):
+    """Log-probabilities of 4 x 80 random tokens read on int8 / int4 pages against float
+    pages (measured: int8 max 0.013 / 0.065, mean 0.003 / 0.013; int4 mean 0.04 / 0.22): a
+    decode that is consistent but wrong (a wrong group, scale or bias) is far off."""
+    path = tiny_model_dir(arch)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(3, 500) for _ in range(80)] for _ in range(4)]
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1)
+    lps = {}
+    for dtype in ("auto", "int8", "int4"):
+        llm = LLM(str(path), kv_cache_dtype=dtype, kv_budget_tokens=2048)
+        outs = llm.generate(seqs, params)
+        lps[dtype] = np.array([lp for o in outs for lp, _ in o.prompt_logprobs])
+    err = {d: np.abs(lps[d] - lps["auto"]) for d in ("int8", "int4")}
+    assert err["int8"].max() < 0.2 and err["int8"].mean() < 0.03, err["int8"].max()
+    assert err["int4"].mean() < 0.5
+    assert 0 < err["int8"].mean() < err["int4"].mean()  # both quantize; int4 more coarsely
+
+
+def test_double_buffer_replays_quantized_writes():
+    """Steps writing overlapping slots through the two buffer sets (the previous step's
+    writes replayed, a slot written again dropped from the replay): after every step the
+    current set holds each slot's latest entry, round-tripped."""
+    specs = [LayerSpec(2, 64, 2, 64, mx.float32), LayerSpec(1, 48, 1, 48, mx.float32)]
+    pool = PagePool(specs, 4, 4, double_buffer=True, quant=KVQuant(8))
+    rng = np.random.default_rng(1)
+    latest: dict[int, list[mx.array]] = {}
+    for slots in ([0, 1, 2], [2, 3], [5, 0], [6], [3, 6, 7]):
+        s = np.array(slots)
+        pool.begin_step(s, mx.array(s))
+        for layer, spec in enumerate(specs):
+            shape = (len(slots), spec.k_heads, spec.k_dim)
+            k, v = (mx.array(rng.standard_normal(shape).astype(np.float32)) for _ in "kv")
+            pool.write(layer, mx.array(s), k, v)
+            rk, rv = kv_quant.roundtrip(pool.layer(layer), k, v)
+            for i, slot in enumerate(slots):
+                latest.setdefault(slot, [None, None])[layer] = mx.concatenate([rk, rv], 1)[i]
+        for layer in range(len(specs)):
+            held = sorted(latest)
+            got = kv_quant.take(pool.layer(layer), mx.array(held))
+            want = mx.stack([latest[slot][layer] for slot in held])
+            assert mx.array_equal(got, want).item(), (slots, layer)
 
 
 def test_quantized_pool_stores_what_attention_reads():
