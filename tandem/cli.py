@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
+from tandem.config import KV_CACHE_DTYPES
 from tandem.server.tool_calls import FORMATS as TOOL_CALL_FORMATS
 
 # transformers warns at import that PyTorch is missing; Tandem never needs it.
@@ -143,7 +144,7 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument("--kv-page-size", type=int, default=16, help="positions per KV page")
     p.add_argument(
         "--kv-cache-dtype",
-        choices=("auto", "int8", "int4"),
+        choices=tuple(KV_CACHE_DTYPES),
         default="auto",
         help="KV pages in the model's dtype (auto) or quantized per token in groups of 64 "
         "(int8: about 1.9x the tokens of float16, int4: about 3.6x)",

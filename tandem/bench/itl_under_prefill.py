@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.compare import (
+from tandem.bench.compare import run_on
+from tandem.bench.compare_servers import (
     Server,
     free_ports,
     launch,
-    run_on,
     server_command,
     stop_all,
     wait_ready,

@@ -13,9 +13,10 @@ and the prefix cache work on quantized pages exactly as on float ones.
 
 Attention dequantizes what it reads (the pages a decode group gathers, a chunk's history),
 and a chunk attending over its own fresh keys first rounds them through the same
-quantization, so on the gather path every read of a position sees the same values whichever
-way it is read: a prompt's tokens come out the same chunked or whole, with a prefix hit or
-without, overlap on or off. (The CUDA decode kernel unpacks in place, in float32.)
+quantization, so on the gather path every read of a position sees the quantized values of
+what was written, chunked or whole, with a prefix hit or without, overlap on or off. (The
+float K/V written may differ in the last bits between batch shapes, and quantization can
+turn that into a step: docs/design.md. The CUDA decode kernel unpacks in place, in float32.)
 """
 
 from __future__ import annotations

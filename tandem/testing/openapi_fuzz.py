@@ -25,7 +25,6 @@ cannot express the context length or cross-field rules).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -41,6 +40,8 @@ from typing import Any
 import httpx
 
 from tandem.testing.live_server import process_tree_rss
+from tandem.testing.openapi_fuzz_setup import narrow, warm_up
+from tandem.testing.response_checks import check_error_body, check_event_stream
 
 MIB = 1 << 20
 # Operations with side effects on every other request: not fuzzed.
@@ -51,76 +52,6 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "
 SERVER_ARGS = ("--max-model-len", "256", "--default-max-tokens", "16")
 MAX_EXAMPLES_KEPT = 30  # failing / notable requests kept per kind in the summary
 BODY_CHARS = 600
-
-
-def check_error_body(body: bytes, path: str = "") -> str | None:
-    """None if ``body`` is the error body of the path's API (OpenAI's; Anthropic's under
-    /v1/messages), else what is wrong with it."""
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return "error body is not JSON"
-    if path.startswith("/v1/messages"):
-        err = obj.get("error") if isinstance(obj, dict) else None
-        if not isinstance(obj, dict) or obj.get("type") != "error" or not isinstance(err, dict):
-            return "not an Anthropic error body"
-        if not all(isinstance(err.get(k), str) and err[k] for k in ("type", "message")):
-            return "error.type / error.message are not non-empty strings"
-        return None
-    err = obj.get("error") if isinstance(obj, dict) else None
-    if not isinstance(err, dict):
-        return "error body has no 'error' object"
-    if not isinstance(err.get("message"), str) or not err["message"]:
-        return "error.message is not a non-empty string"
-    if not isinstance(err.get("type"), str) or not err["type"]:
-        return "error.type is not a non-empty string"
-    if "param" not in err or not (err["param"] is None or isinstance(err["param"], str)):
-        return "error.param is not a string or null"
-    if "code" not in err or not (err["code"] is None or isinstance(err["code"], str | int)):
-        return "error.code is not a string, integer or null"
-    return None
-
-
-# The last event of a whole stream of the APIs whose events are named.
-LAST_EVENT = {
-    "/v1/messages": ("message_stop",),
-    "/v1/responses": ("response.completed", "response.incomplete"),
-}
-
-
-def check_event_stream(body: bytes, cut_short: bool, path: str = "") -> str | None:
-    """None if an SSE body is well formed, has no error event and ends as its API ends a
-    stream ([DONE] for OpenAI's, the closing event for Anthropic's and Responses')."""
-    events = [
-        line[5:].strip()
-        for line in body.decode("utf-8", "replace").splitlines()
-        if line.startswith("data:")
-    ]
-    if path in LAST_EVENT:
-        types = []
-        for data in events:
-            try:
-                obj = json.loads(data)
-            except ValueError:
-                return f"stream event is not JSON: {data[:200]}"
-            types.append(obj.get("type") if isinstance(obj, dict) else None)
-            if types[-1] in ("error", "response.failed"):
-                return f"error event in a 200 stream: {data[:300]}"
-        if not cut_short and (not types or types[-1] not in LAST_EVENT[path]):
-            return f"stream does not end with {LAST_EVENT[path]}"
-        return None
-    for data in events:
-        if data == "[DONE]":
-            continue
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return f"stream event is not JSON: {data[:200]}"
-        if isinstance(obj, dict) and "error" in obj:
-            return f"error event in a 200 stream: {data[:300]}"
-    if not cut_short and (not events or events[-1] != "[DONE]"):
-        return "stream does not end with data: [DONE]"
-    return None
 
 
 def _dump(value: Any) -> str:
@@ -261,42 +192,6 @@ class FuzzRun:
             return False
 
 
-def _nodes(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _nodes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _nodes(value)
-
-
-def narrow(
-    document: dict[str, Any], *, vocab_size: int | None, max_model_len: int | None
-) -> dict[str, Any]:
-    """A copy of the served document with two facts of this server that a schema cannot hold:
-    prompt token ids below its vocabulary size, max_tokens / min_tokens within its context
-    length. More of the schema-conforming bodies then get past validation into the engine
-    (negative bodies still test both bounds)."""
-    doc = copy.deepcopy(document)
-    schemas = doc.get("components", {}).get("schemas", {})
-    for name in (
-        "CompletionRequest",
-        "ChatCompletionRequest",
-        "MessagesRequest",
-        "ResponsesRequest",
-    ):
-        props = schemas.get(name, {}).get("properties", {})
-        for key in ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens"):
-            for node in _nodes(props.get(key)):
-                if max_model_len and node.get("type") == "integer":
-                    node["maximum"] = max_model_len
-        for node in _nodes(props.get("prompt")):
-            if vocab_size and node.get("type") == "integer":
-                node["maximum"] = vocab_size - 1
-    return doc
-
-
 def _operations(schema: Any) -> Iterator[Any]:
     for result in schema.get_all_operations():
         yield result.ok()
@@ -361,57 +256,6 @@ def run_fuzzing(run: FuzzRun, schema: Any, examples: int, seed: int) -> None:
             one()
         except _ServerGone:
             return
-
-
-def warm_up(url: str, headers: dict[str, str]) -> None:
-    """Representative valid requests, so the RSS baseline includes what the first requests of
-    each kind allocate (graphs for batch sizes, log-probability, prompt-logprob and guided
-    decoding paths)."""
-    bodies: list[tuple[str, dict[str, Any]]] = [
-        ("/v1/completions", {"prompt": "hello", "max_tokens": 8}),
-        ("/v1/completions", {"prompt": "x " * 100, "max_tokens": 32, "ignore_eos": True}),
-        ("/v1/completions", {"prompt": [5, 6, 7], "n": 16, "max_tokens": 8, "logprobs": 20}),
-        ("/v1/completions", {"prompt": ["a", "b"], "best_of": 4, "n": 2, "max_tokens": 4}),
-        ("/v1/completions", {"prompt": "echo", "echo": True, "logprobs": 3, "max_tokens": 2}),
-        ("/v1/completions", {"prompt": "p", "prompt_logprobs": 20, "max_tokens": 2}),
-        ("/v1/completions", {"prompt": "s", "stream": True, "max_tokens": 8}),
-        (
-            "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 5},
-        ),
-        (
-            "/v1/chat/completions",
-            {
-                "messages": [{"role": "user", "content": "hi"}],
-                "stream": True,
-                "presence_penalty": 1,
-                "repetition_penalty": 1.2,
-                "stream_options": {"include_usage": True},
-            },
-        ),
-    ]
-    hi = [{"role": "user", "content": "hi"}]
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    bodies += [  # guided decoding: the grammar compiler and its caches
-        ("/v1/completions", {"prompt": "j", "response_format": {"type": "json_object"}}),
-        (
-            "/v1/completions",
-            {
-                "prompt": "s",
-                "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
-            },
-        ),
-        ("/v1/completions", {"prompt": "r", "guided_regex": "[0-9]{3}", "stream": True}),
-        ("/v1/completions", {"prompt": "g", "guided_grammar": 'start: "a" | "b"'}),
-        ("/v1/completions", {"prompt": "c", "guided_choice": ["yes", "no"], "n": 4}),
-        ("/v1/chat/completions", {"messages": hi, "tools": [tool], "tool_choice": "required"}),
-        ("/v1/chat/completions", {"messages": hi, "tools": [tool], "stream": True}),
-    ]
-    with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
-        for _ in range(2):
-            for path, body in bodies:
-                client.post(path, json=body).raise_for_status()
 
 
 def _mib(n: int | None) -> float | None:

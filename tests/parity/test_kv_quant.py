@@ -1,9 +1,9 @@
 """Quantized KV pages (``kv_cache_dtype`` int8 / int4): whatever the schedule — staggered
 arrivals, chunked prefill, prefix hits shared and adopted, aborts, overlap on and off, one or
 two buffer sets, speculation — every request's tokens equal its own run alone on a quantized
-engine, for plain, windowed, sink, MLA and hybrid recurrent models. How far quantized KV is
-from float KV is measured on the default model (tests/test_default_model.py and ``tandem
-bench kv-quant``)."""
+engine (up to a near-tie that float rounding tipped), for plain, windowed, sink, MLA and
+hybrid recurrent models. How far quantized KV is from float KV: tiny models here, the
+default model in tests/test_default_model.py and ``tandem bench kv-quant``."""
 
 from __future__ import annotations
 
@@ -22,24 +22,45 @@ from tandem.runner.paged import PagePool, bytes_per_token, quantizable
 from tandem.testing import tiny_models
 from tandem.testing.families import RECURRENT, family_config
 
+# A float32 logit moved by another summation order (OpenBLAS blocks a matmul by its row
+# count, so a batch rounds unlike a solo run: ~1e-5) can land a value on the other side of a
+# quantization step, which moves log-probabilities by up to ~1e-2 (int8: measured 2e-3):
+# where the top two tokens are that close, a schedule may pick either.
+TIE = 0.05
 
-def solo_reference(path, dtype: str, **options):
-    """(prompt, n) -> greedy tokens of the request alone: one prefill, no cache, no overlap."""
-    llm = LLM(str(path), kv_cache_dtype=dtype, overlap=False, prefix_cache=False, **options)
-    cache: dict[tuple, list[int]] = {}
 
-    def run(prompt: list[int], n: int) -> list[int]:
+class Solo:
+    """Greedy tokens of each request alone (one prefill, no cache, no overlap) on a quantized
+    engine, and where a scheduled run may part from them: only at a near-tie."""
+
+    def __init__(self, path, dtype: str, **options) -> None:
+        self.llm = LLM(
+            str(path), kv_cache_dtype=dtype, overlap=False, prefix_cache=False, **options
+        )
+        self.runs: dict[tuple, tuple[list[int], list[float]]] = {}
+        self.parted = 0
+
+    def __call__(self, prompt: list[int], n: int) -> list[int]:
         key = (tuple(prompt), n)
-        if key not in cache:
-            cache[key] = llm.generate([prompt], greedy(n))[0].token_ids
-        return cache[key]
+        if key not in self.runs:
+            out = self.llm.generate([prompt], greedy(n, logprobs=2))[0]
+            margins = [lp - top[1][1] for lp, top in out.logprobs]
+            self.runs[key] = (out.token_ids, margins)
+        return self.runs[key][0]
 
-    return run
+    def tie(self, prompt: list[int], got: list[int], want: list[int]) -> bool:
+        i = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        if i is None:
+            return False
+        margins = self.runs[(tuple(prompt), len(want))][1]
+        self.parted += margins[i] < TIE
+        return margins[i] < TIE
 
 
 def staggered_ways(path, dtype: str, seed: str, ways, **options) -> None:
-    """run_staggered (every request equal to its solo run) each way."""
-    solo = solo_reference(path, dtype, **options)
+    """run_staggered (every request equal to its solo run, or parting at a near-tie) each
+    way; at most 2 of 18 requests part per way."""
+    solo = Solo(path, dtype, **options)
     for way in ways:
         llm = LLM(
             str(path),
@@ -51,8 +72,10 @@ def staggered_ways(path, dtype: str, seed: str, ways, **options) -> None:
         )
         runner = llm.engine.loop.runner
         assert all(quantizable(s, runner.kv_quant) for s in runner.specs), runner.kv_description
-        run_staggered(llm, path, random.Random(seed), solo=solo)
+        solo.parted = 0
+        run_staggered(llm, path, random.Random(seed), solo=solo, tie=solo.tie)
         assert llm.engine.scheduler.stats.hit_tokens > 0
+        assert solo.parted <= 2, way
 
 
 WAYS = (
