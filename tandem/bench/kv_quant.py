@@ -69,6 +69,9 @@ def read_back(llm, pairs) -> list[list[tuple[float, int]]]:
 
 
 def quality(base, got, tokens, free_base, free_got) -> dict[str, Any]:
+    """``base`` / ``got``: read-backs (``read_back``) on the reference and the tested KV of the
+    reference's greedy answers ``tokens``; ``free_base`` / ``free_got``: each side's own
+    free-running greedy answers."""
     diffs, agree, total = [], 0, 0
     for b_row, g_row, toks in zip(base, got, tokens, strict=True):
         for (lp_b, _), (lp_g, top_g), t in zip(b_row, g_row, toks, strict=True):
