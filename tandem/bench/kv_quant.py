@@ -115,13 +115,13 @@ def kernel_times(context: int, streams: list[int], repeats: int = 20) -> list[di
     import numpy as np
 
     from tandem.bench.paged_attention import timeit
-    from tandem.runner import kernels
+    from tandem.runner import kernel_check, kernels
     from tandem.runner.kv_quant import KVQuant, QuantizedPages
 
     h, hkv, d, page = 16, 8, 128, 16
     rows = []
     for quant in (None, KVQuant(8), KVQuant(4)):
-        ok = kernels.available(d, h, hkv, mx.bfloat16, quant)
+        ok = kernel_check.available(d, h, hkv, mx.bfloat16, quant)
         for b in streams:
             per = context // page
             tables = mx.array(np.random.default_rng(0).permutation(b * per).reshape(b, per))
@@ -143,7 +143,7 @@ def kernel_times(context: int, streams: list[int], repeats: int = 20) -> list[di
                     repeats,
                 )
             row["gather_ms"] = timeit(
-                lambda q=q, pool=pool, tables=tables, lengths=lengths: kernels.reference(
+                lambda q=q, pool=pool, tables=tables, lengths=lengths: kernel_check.reference(
                     q, pool, tables, lengths, d**-0.5, page
                 ),
                 repeats,

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 import tandem.runner  # noqa: F401, I001  (BLAS preload before mlx)
-from tandem.runner import kernels
+from tandem.runner import kernel_check, kernels
 
 H, HKV, D = 16, 8, 128
 
@@ -146,7 +146,7 @@ def main() -> None:
     args = p.parse_args()
     gpu = mx.default_device() != mx.cpu
     dtype = mx.bfloat16 if gpu else mx.float32
-    has_kernel = kernels.available(D, H, HKV, dtype)
+    has_kernel = kernel_check.available(D, H, HKV, dtype)
     shapes = {"ragged": [256] * 63 + [8192], "uniform": [1024] * 64}
     out: dict = {"device": str(mx.default_device()), "kernel": has_kernel, "cases": {}}
     for name, lengths in shapes.items():

@@ -13,7 +13,14 @@ from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import Segment, StepPlan, StepResult
-from tandem.runner import attention, gated_delta, kernels, layers, recurrent_step, verify
+from tandem.runner import (
+    attention,
+    gated_delta,
+    kernel_check,
+    layers,
+    recurrent_step,
+    verify,
+)
 from tandem.runner.kv_quant import KVQuant
 from tandem.runner.paged import PagedCache, PagePool, bytes_per_token, quantizable
 from tandem.runner.row_select import install_row_selection
@@ -169,7 +176,7 @@ class ModelRunner:
                 self.decode_kernel = (
                     heads is not None
                     and bool(full)
-                    and all(kernels.available(d, heads, hkv, t, q) for d, hkv, t, q in full)
+                    and all(kernel_check.available(d, heads, hkv, t, q) for d, hkv, t, q in full)
                 )
             if self.dense:
                 self.mask_rank = self._dense_mask_rank()
