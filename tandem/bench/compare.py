@@ -23,16 +23,12 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import importlib.metadata
 import math
 import os
-import platform
 import random
 import shlex
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +48,7 @@ from tandem.bench.compare_servers import (
     wait_ready,
 )
 from tandem.bench.datasets import RequestSpec, TextMaker
+from tandem.bench.provenance import command_line, environment
 from tandem.bench.serve_client import run
 from tandem.bench.serve_metrics import compute
 
@@ -212,71 +209,6 @@ def point_summary(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 def ordered(servers: list[Server], rep: int) -> list[Server]:
     return servers if rep % 2 == 0 else servers[::-1]
-
-
-# --- provenance ------------------------------------------------------------------------------
-
-
-def _git(*args: str) -> str | None:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        r = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip() if r.returncode == 0 else None
-
-
-def command_line() -> str:
-    """This run's command line, runnable again (``python -m tandem.cli ...`` when started
-    that way, where argv[0] is only the path of cli.py)."""
-    argv = list(sys.argv)
-    if argv and argv[0].endswith(os.path.join("tandem", "cli.py")):
-        argv = [sys.executable, "-m", "tandem.cli", *argv[1:]]
-    return shlex.join(argv)
-
-
-def environment() -> dict[str, Any]:
-    """Versions and machine, for results.json. Reads package metadata (imports no mlx)."""
-    versions: dict[str, str] = {}
-    for name in (
-        "mlx",
-        "mlx-cpu",
-        "mlx-metal",
-        "mlx-cuda-12",
-        "mlx-cuda-13",
-        "mlx-lm",
-        "transformers",
-        "tokenizers",
-        "numpy",
-        "fastapi",
-        "uvicorn",
-        "pyzmq",
-        "httpx",
-    ):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[name] = importlib.metadata.version(name)
-    commit = _git("rev-parse", "HEAD") or os.environ.get("TANDEM_GIT_COMMIT")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    gpu = None
-    if shutil.which("nvidia-smi"):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            gpu = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            ).stdout.strip()
-    return {
-        "versions": versions,
-        "tandem": {"git_commit": commit, "dirty": bool(dirty) if dirty is not None else None},
-        "python": sys.version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "gpu": gpu,
-    }
 
 
 # --- command ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from tandem.bench.compare import _git
+from tandem.bench.provenance import _git
 from tandem.testing.live_server import Server, parse_metric, process_tree_rss
 
 
