@@ -64,10 +64,6 @@ class PagePool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
-    @property
-    def bytes_per_token(self) -> int:
-        return self.num_sets * sum(bytes_per_token(s, self.quant) for s in self.specs)
-
     def quantized(self, layer: int) -> bool:
         return quantizable(self.specs[layer], self.quant)
 
