@@ -55,7 +55,9 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    per_token = runner.bytes_per_token
+    draft = _draft_runner(config, tokenizer) if config.draft_model else None
+    # The draft's pool has as many pages as the target's (engine/drafting.py).
+    per_token = runner.bytes_per_token + (draft.bytes_per_token if draft else 0)
     state_slots = config.max_num_seqs if runner.recurrent else 0
     memory = kv_memory_bytes(config.kv_memory_fraction)
     snapshots = 0
@@ -89,6 +91,20 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     page = config.kv_page_size
     num_pages = max(1, budget // page)
     runner.allocate_kv(num_pages, page, state_slots + snapshots)
+    proposer = None
+    if draft is not None:
+        from tandem.runner.draft import DraftModel
+
+        draft.allocate_kv(num_pages, page)
+        proposer = DraftModel(
+            draft, runner.vocab_size, _step_tokens(draft, config, max_model_len, page)
+        )
+        log.info(
+            "draft model %s (%s): %d B/token of KV in the same pages",
+            config.draft_model,
+            draft.model_type,
+            draft.bytes_per_token,
+        )
     if state_slots:
         log.info(
             "recurrent states: %d running + %d cached (%.1f MiB each)",
@@ -105,13 +121,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         runner.kv_description,
         max_model_len,
     )
-    step_tokens = config.max_num_batched_tokens
-    if runner.dense:
-        # Dense layers gather each token's history: bound tokens x context per layer.
-        cap = max(page, DENSE_GATHER_BYTES // (max_model_len * runner.dense_bytes_per_token))
-        if cap < step_tokens:
-            log.info("dense attention layers: %d tokens per step (was %d)", cap, step_tokens)
-            step_tokens = cap
+    step_tokens = _step_tokens(runner, config, max_model_len, page)
     sched = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
@@ -134,8 +144,58 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         seed=config.seed,
         vocab_size=runner.vocab_size,
         grammar=lambda: GrammarCompiler(tokenizer.hf, runner.vocab_size, tokenizer.eos_token_ids),
+        proposer=proposer,
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)
+
+
+def _step_tokens(runner, config: EngineConfig, max_model_len: int, page: int) -> int:
+    """Tokens per step; dense layers gather each token's history, so for a model with them
+    tokens x context per layer is bounded."""
+    step_tokens = config.max_num_batched_tokens
+    if runner.dense:
+        cap = max(page, DENSE_GATHER_BYTES // (max_model_len * runner.dense_bytes_per_token))
+        if cap < step_tokens:
+            log.info("dense attention layers: %d tokens per step (was %d)", cap, step_tokens)
+            step_tokens = cap
+    return step_tokens
+
+
+def _draft_runner(config: EngineConfig, tokenizer: Tokenizer):
+    """The draft model's runner (pool not allocated yet), after checking that it shares the
+    target's tokenizer: its token ids must mean the same text."""
+    from tandem.runner.kv_quant import KVQuant
+    from tandem.runner.loader import load_model, prepare_for_device
+    from tandem.runner.model_runner import ModelRunner
+
+    assert config.draft_model is not None
+    path = resolve_model(config.draft_model)
+    theirs = Tokenizer.load(path).hf.get_vocab()
+    ours = tokenizer.hf.get_vocab()
+    if theirs != ours:
+        differ = len(set(theirs.items()) ^ set(ours.items()))
+        raise ValueError(
+            f"draft model {config.draft_model} has another tokenizer than the target "
+            f"({len(theirs)} vs {len(ours)} tokens, {differ} entries differ): speculative "
+            "decoding needs the same token ids"
+        )
+    model, model_config = load_model(path, config.dtype)
+    prepare_for_device(model, config.dtype)
+    model_type = str(model_config.get("model_type", ""))
+    runner = ModelRunner(
+        model,
+        model_type=model_type,
+        overlap=False,  # the draft runs only between steps
+        double_buffer=False,
+        decode_kernel=config.kv_decode_kernel,
+        kv_quant=KVQuant.parse(config.kv_cache_dtype),
+    )
+    if runner.recurrent:
+        raise ValueError(
+            f"draft model {config.draft_model} ({model_type}) has recurrent layers, whose "
+            "state cannot be rolled back past rejected proposals: use an attention-only draft"
+        )
+    return runner
 
 
 def _speculation(config: EngineConfig, recurrent: bool, model_type: str) -> SpecConfig:
@@ -149,5 +209,7 @@ def _speculation(config: EngineConfig, recurrent: bool, model_type: str) -> Spec
             "layers whose state cannot be rolled back past rejected tokens)"
         )
     return SpecConfig(
-        num_tokens=config.num_speculative_tokens, max_batch=config.speculative_max_batch
+        num_tokens=config.num_speculative_tokens,
+        max_batch=config.speculative_max_batch,
+        draft=config.speculative == "draft",
     )

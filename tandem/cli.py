@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from tandem.config import KV_CACHE_DTYPES
+from tandem.config import KV_CACHE_DTYPES, SPECULATIVE_METHODS
 from tandem.server.tool_calls import FORMATS as TOOL_CALL_FORMATS
 
 # transformers warns at import that PyTorch is missing; Tandem never needs it.
@@ -84,6 +84,7 @@ def _engine_config(args: argparse.Namespace):
         prefix_cache=not args.no_prefix_cache,
         state_snapshots=args.state_snapshots,
         speculative=args.speculative,
+        draft_model=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,
         speculative_max_batch=args.speculative_max_batch,
     )
@@ -163,9 +164,15 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     )
     p.add_argument(
         "--speculative",
-        choices=("ngram",),
+        choices=SPECULATIVE_METHODS,
         help="speculative decoding: ngram proposes tokens from the request's own prompt and "
-        "output (greedy requests; verified in the batched step, output unchanged)",
+        "output, draft the greedy tokens of --draft-model; verified in the batched step, the "
+        "output is unchanged",
+    )
+    p.add_argument(
+        "--draft-model",
+        help="with --speculative draft: a smaller model with the same tokenizer (directory "
+        "or .gguf)",
     )
     p.add_argument(
         "--num-speculative-tokens", type=int, default=4, help="tokens proposed per verify"

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 # --kv-cache-dtype: bits per quantized KV value (None: the model's dtype, unquantized).
 KV_CACHE_DTYPES: dict[str, int | None] = {"auto": None, "int8": 8, "int4": 4}
+# --speculative: where proposals come from (engine/speculation.py, engine/drafting.py).
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,11 @@ class EngineConfig:
     # None: 8 x max_num_seqs, at least 64, within a quarter of the KV memory; 0: no prefix
     # cache for them).
     state_snapshots: int | None = None
-    # Speculative decoding: None (off) or "ngram" (prompt lookup); K proposed tokens per
-    # verify; no speculation once more than speculative_max_batch requests decode.
+    # Speculative decoding: None (off), "ngram" (prompt lookup) or "draft" (a smaller model
+    # with the same tokenizer, draft_model); K proposed tokens per verify; no speculation
+    # once more than speculative_max_batch requests decode.
     speculative: str | None = None
+    draft_model: str | None = None
     num_speculative_tokens: int = 4
     speculative_max_batch: int = 8
     check_invariants: bool = False
@@ -60,11 +64,13 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
-        if self.speculative not in (None, "ngram"):
+        if self.speculative is not None and self.speculative not in SPECULATIVE_METHODS:
             raise ValueError(
-                f"speculative must be 'ngram' (or None), got {self.speculative!r}; draft-model "
-                "and MTP proposers are not built yet"
+                f"speculative must be one of {', '.join(SPECULATIVE_METHODS)} (or None), got "
+                f"{self.speculative!r}; MTP heads are not loaded by mlx-lm yet"
             )
+        if (self.speculative == "draft") != (self.draft_model is not None):
+            raise ValueError("speculative='draft' and draft_model go together")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
         if self.speculative_max_batch < 1:

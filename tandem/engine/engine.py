@@ -7,6 +7,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 
+from tandem.engine.drafting import Proposer
 from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.loop import OverlapLoop, Runner
 from tandem.engine.request import Request
@@ -32,10 +33,16 @@ class Engine:
         seed: int | None = None,
         vocab_size: int | None = None,
         grammar: Callable[[], GrammarCompiler] | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         """``grammar``: builds the compiler for guided requests (None, or if it fails: guided
-        requests are rejected with the reason)."""
+        requests are rejected with the reason). ``proposer``: the draft model of draft-model
+        speculation (engine/drafting.py)."""
         self.scheduler = Scheduler(scheduler_config)
+        if scheduler_config.speculation.draft:
+            if proposer is None:
+                raise ValueError("draft-model speculation needs the draft model (proposer)")
+            self.scheduler.proposer = proposer
         self.loop = OverlapLoop(
             self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
         )

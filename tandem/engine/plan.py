@@ -120,6 +120,24 @@ class StepPlan:
         return frozenset(s.request_id for s in self.segments)
 
 
+@dataclass(frozen=True)
+class DraftQuery:
+    """One request's turn in a draft model's proposal (engine/drafting.py): feed ``tokens``
+    at positions ``start ..`` (the draft's catch-up on what it has not seen, ending with the
+    request's last token), then propose ``k`` tokens greedily (0: catch up only). KV goes to
+    the draft's pool at the request's own page table."""
+
+    request_id: str
+    start: int
+    tokens: tuple[int, ...]
+    pages: tuple[int, ...]
+    k: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
 # A sampled token's log-probability and the top-k (token, log-probability) pairs.
 TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
 

@@ -121,6 +121,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
             sched.finish(req, reason, emit=False)
             break
     req.num_computed = seg.start + len(emitted)
+    req.spec.draft_len = min(req.spec.draft_len, req.num_computed)
     keep = sched.kv.pages_for(req.num_computed + 1)
     if len(req.pages) > keep:
         sched.kv.release(req.pages[keep:])

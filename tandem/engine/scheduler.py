@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.engine import invariants, recovery, results, speculation, state_snapshots
+from tandem.engine import drafting, invariants, recovery, results, speculation, state_snapshots
 from tandem.engine.admission import Admission
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import Segment, StepPlan, StepResult
@@ -88,6 +88,8 @@ class Scheduler:
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts, errors)
         self._waiting_ids: set[str] = set()
         self.state_slots = StateSlots(config.state_slots) if config.state_slots else None
+        # The draft model (config.speculation.draft), set by the engine.
+        self.proposer: drafting.Proposer | None = None
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -199,17 +201,22 @@ class Scheduler:
             if self.state_slots is not None:
                 req.state_slot = self.state_slots.allocate()
             self.running[req.request_id] = req
-        budget -= len(decodes) + sum(len(p) for p in proposals.values())
         decodes.sort(key=lambda d: (d[1] < 0, d[1]))  # lazy ones first, in the parent's order
+        pages_before = {r.request_id: len(r.pages) for r, _ in decodes}
+        for req, _ in decodes:  # first: a draft writes its proposals' positions
+            n = 1 + len(proposals.get(req.request_id, ()))
+            short = kv.pages_for(req.num_computed + n) - len(req.pages)
+            if short > 0:
+                req.pages += kv.allocate(short)
+        if self.proposer is not None and proposals:
+            proposals = drafting.draft(self, proposals, pages_before)
+        budget -= len(decodes) + sum(len(p) for p in proposals.values())
         segments: list[Segment] = []
         sampled: list[Request] = []
         for req, prow in decodes:
             pos = req.num_computed
             proposal = proposals.get(req.request_id, [])
             n = 1 + len(proposal)
-            short = kv.pages_for(pos + n) - len(req.pages)
-            if short > 0:
-                req.pages += kv.allocate(short)
             tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
             segments.append(
                 Segment(
@@ -412,6 +419,8 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.kv.release(req.pages, req.locked_pages)
         req.pages = []
+        if req.spec is not None:
+            req.spec.draft_len = 0  # its next pages may hold anything
         self.kv.drop_snapshot(req.state_src)
         self.kv.drop_snapshot(req.checkpoint)
         req.state_src = req.checkpoint = -1

@@ -60,6 +60,8 @@ class SpecConfig:
     max_batch: int = 8  # decode rows in a step above which no request speculates
     patience: int = 4  # verify steps accepting nothing before backing off
     backoff: int = 16  # plain tokens after the first back-off (doubles each time)
+    # Proposals from a draft model (engine/drafting.py) instead of the n-gram index.
+    draft: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +120,8 @@ class SpecState:
     proposed: int = 0
     accepted: int = 0
     verifies: int = 0
+    # A draft model's KV of this request is valid for positions [0, draft_len).
+    draft_len: int = 0
 
     @property
     def active(self) -> bool:
@@ -170,8 +174,15 @@ def propose(req, cfg: SpecConfig) -> list[int]:
     k = min(cfg.num_tokens, room)
     if k <= 0:
         return []
+    if cfg.draft:  # placeholders: the draft fills them in once pages are allocated
+        return [-1] * k
     req.spec.index.extend(req.token_ids())
-    proposal = req.spec.index.propose(k)
+    return trim(req, req.spec.index.propose(k))
+
+
+def trim(req, proposal: list[int]) -> list[int]:
+    """A proposal cut after a stop token (before it, for a grammar-constrained request) and
+    to what the request's grammar allows."""
     for i, t in enumerate(proposal):
         if t in req.stop_ids:  # nothing after an end is worth verifying
             proposal = proposal[: i if req.grammar is not None else i + 1]

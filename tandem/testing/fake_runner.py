@@ -207,3 +207,52 @@ class FakeRecurrentRunner(FakeRunner):
     def reset(self) -> None:
         super().reset()
         self.states = {}
+
+
+@dataclass
+class FakeDraft:
+    """A fake draft model (engine/drafting.py's Proposer) with its own token "KV" in pages
+    of the target's page ids. It proposes what ``token_fn`` gives after the history it reads
+    back through its pages, so with the target's ``token_fn`` it is a perfect draft: every
+    proposal is accepted exactly when its KV is the request's true history, which makes
+    acceptance a check on the scheduler's draft bookkeeping. ``seed_of``: a request's seed;
+    ``fail_calls``: calls (counted from 1) that fail like a raising draft step."""
+
+    num_pages: int
+    page_size: int
+    seed_of: Callable[[str], int]
+    token_fn: Callable[[int, Sequence[int]], int] = fake_token
+    max_tokens: int = 1 << 20
+    fail_calls: frozenset[int] = frozenset()
+    calls: int = 0
+    fed: int = 0  # catch-up tokens fed
+    resets: int = 0
+
+    def __post_init__(self) -> None:
+        self.slots: list[int | None] = [None] * (self.num_pages * self.page_size)
+
+    def propose(self, queries) -> list[list[int]] | None:
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            self.slots = [None] * len(self.slots)
+            self.resets += 1
+            return None
+        p = self.page_size
+        out = []
+        for q in queries:
+            assert q.end + max(0, q.k - 1) <= len(q.pages) * p, "a draft write past the pages"
+            assert sum(len(x.tokens) for x in queries) <= self.max_tokens
+            self.fed += len(q.tokens)
+            for i, tok in enumerate(q.tokens):
+                pos = q.start + i
+                self.slots[q.pages[pos // p] * p + pos % p] = tok
+            proposal: list[int] = []
+            for j in range(q.k):
+                pos = q.end - 1 + j
+                if j:  # the previous proposal is fed at the next position
+                    self.slots[q.pages[pos // p] * p + pos % p] = proposal[-1]
+                history = [self.slots[q.pages[i // p] * p + i % p] for i in range(pos + 1)]
+                assert None not in history, f"{q.request_id}: the draft reads unwritten KV"
+                proposal.append(self.token_fn(self.seed_of(q.request_id), history))  # type: ignore[arg-type]
+            out.append(proposal)
+        return out

@@ -14,7 +14,7 @@ from tandem.engine.engine import Engine
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.engine.speculation import NgramIndex, SpecConfig, SpecState, accepted_tokens
 from tandem.sampling_params import SamplingParams
-from tandem.testing.fake_runner import FakeRunner, copying_token, fake_tokens
+from tandem.testing.fake_runner import FakeDraft, FakeRunner, copying_token, fake_tokens
 
 P = 4
 
@@ -264,3 +264,89 @@ def test_a_long_history_is_indexed_a_slice_per_call():
         idx.extend(toks)
     assert idx._indexed == len(toks) - 1
     assert idx.propose(2) == [102, 103]
+
+
+# ---- draft-model proposals (engine/drafting.py) --------------------------------------------
+def draft_engine(overlap: bool, fail_calls=(), **cfg) -> tuple[Engine, FakeDraft]:
+    """A perfect fake draft (the target's own token function): every proposal is accepted
+    iff the scheduler fed the draft the request's true history."""
+    base = {"max_num_seqs": 8, "page_size": P, "max_num_batched_tokens": 32}
+    config = SchedulerConfig(
+        **{**base, **cfg}, speculation=SpecConfig(num_tokens=4, max_batch=8, draft=True)
+    )
+    runner = FakeRunner(config.num_pages, config.page_size, token_fn=copying_token)
+    seeds: dict[str, int] = {}
+    draft = FakeDraft(
+        config.num_pages, P, seeds.__getitem__, copying_token, fail_calls=frozenset(fail_calls)
+    )
+    engine = Engine(runner, config, overlap=overlap, check_invariants=True, proposer=draft)
+    add = engine.add_request
+
+    def add_request(prompt, params, rid):
+        seeds[rid] = params.seed
+        return add(prompt, params, rid)
+
+    engine.add_request = add_request
+    return engine, draft
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_perfect_draft_is_always_accepted_under_staggered_load(overlap):
+    """Staggered arrivals, prefix hits, aborts and a small pool (retractions): exact output,
+    and every proposal accepted, so the draft's KV was each request's history every time
+    (catch-up after prefills, plain stretches, partial accepts and retractions)."""
+    rng = random.Random(11)
+    shared = [rng.randrange(1000) for _ in range(13)]
+    arrivals: dict[int, list[tuple]] = {}
+    want: dict[str, tuple[list[int], int, int]] = {}
+    for i in range(18):
+        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1000) for _ in range(1 + i % 9)]
+        seed, n = rng.randrange(100), rng.randrange(5, 60)
+        arrivals.setdefault(rng.randrange(40), []).append((f"r{i}", prompt, seed, n))
+        want[f"r{i}"] = (prompt, seed, n)
+    engine, draft = draft_engine(overlap, kv_budget_tokens=28 * P, max_num_seqs=6)
+    got, reasons = drive(engine, arrivals, {12: "r4", 25: "r9"})
+    for rid, (prompt, seed, n) in want.items():
+        full = expected(seed, prompt, n)
+        if reasons[rid] == "abort":
+            assert got[rid] == full[: len(got[rid])], rid
+        else:
+            assert got[rid] == full and reasons[rid] == "length", rid
+    stats = engine.scheduler.stats
+    assert stats.spec_proposed > 100 and stats.spec_accepted == stats.spec_proposed
+    assert stats.hit_tokens > 0 and stats.retractions > 0
+    assert engine.scheduler.kv.num_held == 0
+
+
+def test_an_imperfect_draft_is_exact_and_its_cache_follows_partial_accepts():
+    """A draft that is the fake model only most of the time (the copying model's rule, not
+    its exceptions): partial accepts cut the draft's valid length back; output exact."""
+    engine, draft = draft_engine(True)
+    draft.token_fn = lambda seed, h: copying_token(seed, h) if len(h) % 5 else 0
+    prompt = [7, 3, 9, 1, 4, 4, 2]
+    got, _ = drive(engine, {0: [("a", prompt, 2, 150)]})
+    assert got["a"] == expected(2, prompt, 150)
+    stats = engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed
+    # Catch-up fed the prompt once and otherwise only what verifies left unseen.
+    assert draft.fed < len(prompt) + 150 + stats.spec_verifies
+
+
+def test_a_failing_draft_costs_proposals_not_tokens():
+    engine, draft = draft_engine(True, fail_calls={3, 4, 9})
+    prompt = [5, 6, 7, 5, 6, 7, 1]
+    got, _ = drive(engine, {0: [("a", prompt, 4, 80), ("b", [1, 2, 3], 1, 60)]})
+    assert got == {"a": expected(4, prompt, 80), "b": expected(1, [1, 2, 3], 60)}
+    stats = engine.scheduler.stats
+    assert draft.resets == 3 and stats.spec_accepted == stats.spec_proposed > 0
+
+
+def test_draft_catch_up_is_bounded_per_call():
+    """A long prompt is fed to the draft a budget at a time; meanwhile it decodes plainly."""
+    engine, draft = draft_engine(True)
+    draft.max_tokens = 16
+    prompt = list(range(100, 190))
+    got, _ = drive(engine, {0: [("a", prompt, 3, 40)]})
+    assert got["a"] == expected(3, prompt, 40)
+    assert engine.scheduler.stats.spec_accepted > 0
+    assert draft.calls > len(prompt) // 16  # several catch-up calls before the first proposal

@@ -1,0 +1,99 @@
+"""Proposals from a draft model: a smaller model with the target's tokenizer, run by the
+runner on its own KV pool (runner/draft.py), queried by the scheduler while it builds a step.
+
+The draft's pool has as many pages as the target's and is indexed by the same page ids, so a
+request's page table serves both: nothing is allocated for the draft. The draft does not
+follow every target step (at a large batch nobody speculates, and a draft forward on every
+step would cost host work for nothing); instead each request remembers how far the draft's
+KV of it is valid (``SpecState.draft_len``), and a proposal first feeds the draft what it has
+not seen — the positions from there up to the request's last token, a prefill chunk — then
+runs ``k`` greedy draft steps. On a verify the draft's KV stays valid up to the last accepted
+proposal it wrote; a retraction or a failed step starts it from 0 again.
+
+What the draft's KV holds never decides a token: a verify accepts a proposal only where the
+target samples it (engine/speculation.py), so a stale or garbage draft cache costs
+acceptance, never exactness. That is what makes the sharing safe: a prefix-cache hit's pages
+hold the draft KV that whichever request last wrote them left there (always of the same
+tokens, since equal page content is what a hit means), and a draft that fails mid-step is
+reset and proposes nothing that step.
+
+Proposals are the draft's argmax; for sampled rows that is a one-token (one-hot) draft
+distribution, whose rejection rule the verify already applies exactly (speculation.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from tandem.engine import speculation
+from tandem.engine.plan import DraftQuery
+
+if TYPE_CHECKING:
+    from tandem.engine.scheduler import Scheduler
+
+log = logging.getLogger("tandem")
+
+
+class Proposer(Protocol):
+    """The runner's draft model. ``propose`` returns each query's ``k`` proposed tokens, or
+    None when the draft failed (it has reset its pool: every request's draft KV is gone)."""
+
+    max_tokens: int  # catch-up tokens one call may feed
+
+    def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None: ...
+
+
+def draft(
+    sched: Scheduler, proposals: dict[str, list[int]], pages_before: dict[str, int]
+) -> dict[str, list[int]]:
+    """Fill in the placeholder ``proposals`` (their lengths are what the step has room for;
+    pages for them are allocated) with the draft's tokens, trimmed like any proposal. Pages
+    allocated for proposals that came back shorter are given back (no step lists them yet:
+    nothing is in flight while anyone speculates). A request whose draft is too far behind
+    for this call's catch-up budget only catches up, and decodes one token."""
+    assert sched.proposer is not None
+    room = min(sched.max_step_tokens, sched.proposer.max_tokens)
+    queries: list[DraftQuery] = []
+    for rid, placeholder in proposals.items():
+        req = sched.running[rid]
+        pos = req.num_computed  # the last token's position
+        start = min(req.spec.draft_len, pos)
+        n, k = pos + 1 - start, len(placeholder)
+        if n > room:
+            n, k = room, 0
+        if n <= 0:
+            continue
+        room -= n
+        tokens = tuple(req.token_ids()[start : start + n])
+        queries.append(DraftQuery(rid, start, tokens, tuple(req.pages), k))
+    got = sched.proposer.propose(queries) if queries else []
+    if got is None:
+        log.warning("the draft model failed; its KV is rebuilt as requests speculate again")
+        for req in sched.running.values():
+            if req.spec is not None:
+                req.spec.draft_len = 0
+        got, queries = [], []
+    out: dict[str, list[int]] = {}
+    for q, tokens in zip(queries, got, strict=True):
+        req = sched.running[q.request_id]
+        if q.k == 0:
+            req.spec.draft_len = q.end
+            continue
+        proposal = speculation.trim(req, list(tokens))
+        # Written: the query's tokens and the first k - 1 proposals; valid for as long as
+        # the proposals before them are (a verify cuts draft_len back to the accepted).
+        req.spec.draft_len = q.end + min(len(proposal), q.k - 1)
+        if proposal:
+            out[q.request_id] = proposal
+        elif tokens:
+            req.spec.no_proposal(sched.config.speculation)
+    kv = sched.kv
+    for rid in proposals:
+        req = sched.running[rid]
+        keep = max(pages_before[rid], kv.pages_for(req.num_computed + 1 + len(out.get(rid, ()))))
+        if len(req.pages) > keep:
+            kv.release(req.pages[keep:])
+            del req.pages[keep:]
+    return out

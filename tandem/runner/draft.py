@@ -1,0 +1,76 @@
+"""The draft model of speculative decoding (engine/drafting.py says how the scheduler uses
+it): a second model runner whose KV pool has the target's pages, fed the scheduler's
+``DraftQuery``s.
+
+One call is one lazy graph: the catch-up chunks and the first proposal in one forward, then
+``k - 1`` single-token forwards, each fed the argmax of the one before on the device; the
+host waits once, for every proposal at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+from tandem.engine.plan import DraftQuery, RowSampling, Segment, StepPlan
+from tandem.runner.model_runner import ModelRunner
+
+log = logging.getLogger("tandem")
+
+_NONE = RowSampling((), (), (), ())
+
+
+class DraftModel:
+    def __init__(self, runner: ModelRunner, vocab_size: int, max_tokens: int) -> None:
+        """``runner``: the draft's, its pool allocated with the target's page count and
+        size; attention-only (build.py checks). ``vocab_size``: the target's (a larger draft
+        vocabulary is cut to it). ``max_tokens``: catch-up tokens one call may feed."""
+        assert not runner.recurrent
+        self.runner = runner
+        self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+
+    def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None:
+        try:
+            with mx.stream(self.runner.stream):
+                return self._propose(queries)
+        except Exception as e:  # noqa: BLE001 - a failed draft only costs this step's proposals
+            log.warning("draft model step failed: %s: %s", type(e).__name__, e)
+            e.__traceback__ = None
+            self.runner.reset()
+            return None
+
+    def _propose(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
+        runner = self.runner
+        # The catch-up chunks and the first proposal of each query that proposes.
+        segs = [Segment(q.request_id, q.start, len(q.tokens), q.tokens, q.pages) for q in queries]
+        inputs = mx.array([t for q in queries for t in q.tokens], dtype=mx.int32)
+        ends = [sum(len(q.tokens) for q in queries[: i + 1]) - 1 for i in range(len(queries))]
+        rows = [i for i, q in enumerate(queries) if q.k > 0]
+        head = [ends[i] for i in rows] or [0]
+        logits = runner.forward(StepPlan(0, tuple(segs), (), (), _NONE), inputs, head)
+        tokens = self._argmax(logits[: len(rows)])
+        steps = [(rows, tokens)]
+        for j in range(1, max((q.k for q in queries), default=0)):
+            prev_rows, prev = steps[-1]
+            alive = [n for n, i in enumerate(prev_rows) if queries[i].k > j]
+            rows = [prev_rows[n] for n in alive]
+            segs = [
+                Segment(queries[i].request_id, queries[i].end + j - 1, 1, (0,), queries[i].pages)
+                for i in rows
+            ]
+            inputs = prev if len(alive) == len(prev_rows) else prev[mx.array(alive)]
+            plan = StepPlan(j, tuple(segs), (), (), _NONE)
+            tokens = self._argmax(runner.forward(plan, inputs, list(range(len(rows)))))
+            steps.append((rows, tokens))
+        mx.eval(*(t for _, t in steps), *runner.pool.arrays())
+        out: list[list[int]] = [[] for _ in queries]
+        for rows, tokens in steps:
+            for i, t in zip(rows, tokens.tolist(), strict=True):
+                out[i].append(t)
+        return out
+
+    def _argmax(self, logits: mx.array) -> mx.array:
+        return mx.argmax(logits[:, : self.vocab_size], axis=-1).astype(mx.int32)

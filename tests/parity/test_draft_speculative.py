@@ -1,0 +1,123 @@
+"""Draft-model speculative decoding on real tiny models: greedy output equal to mlx-lm's
+``generate_step`` with a draft of another architecture (which proposes poorly: the rejection
+path) and with the target as its own draft (which proposes perfectly: every proposal must
+be accepted, which checks the draft's paged KV), under staggered arrivals, prefix hits, stop
+tokens, aborts and 4-position pages, overlap on and off; sampled and guided rows; a draft
+with another tokenizer refused at load."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+from test_mlx_lm_parity import greedy, reference, run_staggered
+
+from tandem import LLM, SamplingParams
+
+
+def draft_llm(target, draft, **options) -> LLM:
+    return LLM(
+        str(target),
+        speculative="draft",
+        draft_model=str(draft),
+        num_speculative_tokens=4,
+        check_invariants=True,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_self_draft_is_accepted_and_staggered_requests_match_mlx_lm(tiny_model_dir, overlap):
+    path = tiny_model_dir("llama")
+    llm = draft_llm(path, path, overlap=overlap, kv_page_size=4, max_num_seqs=32)
+    run_staggered(llm, path, random.Random(f"draft{overlap}"))
+    stats = llm.engine.scheduler.stats
+    # The target drafting for itself: every proposal its own greedy token, unless a
+    # request's draft KV were not its history (float32 rounding may part a near-tie).
+    assert stats.spec_proposed > 50
+    assert stats.spec_accepted >= 0.97 * stats.spec_proposed
+
+
+def test_another_architecture_drafts_exactly(tiny_model_dir):
+    target, draft = tiny_model_dir("llama"), tiny_model_dir("qwen3")
+    results = []
+    for overlap in (True, False):
+        llm = draft_llm(target, draft, overlap=overlap, max_num_seqs=32)
+        results.append(run_staggered(llm, target, random.Random("cross")))
+        assert llm.engine.scheduler.stats.spec_verifies > 0
+    assert results[0] == results[1]
+
+
+def test_long_accepted_runs_cross_pages(tiny_model_dir):
+    path = tiny_model_dir("qwen3")
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 500) for _ in range(7)] * 3 for _ in range(3)]
+    llm = draft_llm(path, path, kv_page_size=4)
+    outs = llm.generate(prompts, greedy(64))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference(path, prompt, 64)
+    assert llm.engine.loop.num_steps < 3 * 64 / 3  # about K + 1 tokens a step
+
+
+def test_sampled_rows_draw_what_plain_decoding_draws(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    prompt = [21, 22, 23, 24, 25] * 3
+    params = [
+        SamplingParams(
+            max_tokens=20,
+            temperature=(0.5, 1.0)[s % 2],
+            top_p=(1.0, 0.9)[s % 2],
+            seed=s,
+            ignore_eos=True,
+        )
+        for s in range(12)
+    ]
+    plain = LLM(str(path)).generate([prompt] * 12, params)
+    llm = draft_llm(path, path, speculative_max_batch=16)
+    spec = llm.generate([prompt] * 12, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    stats = llm.engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed  # greedy drafts, sampled targets
+
+
+def test_guided_requests_draft_valid_and_exact(tiny_model_dir):
+    from test_guided_model import _batch
+
+    path = tiny_model_dir("llama")
+    prompts, params, cases = _batch(seed=5)
+    plain = LLM(str(path)).generate(prompts, params)
+    llm = draft_llm(path, path, speculative_max_batch=64)
+    spec = llm.generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    for o, case in zip(spec, cases, strict=True):
+        if case is not None:
+            assert o.finish_reason == "stop" and case.check(o.text), (case.name, o.text)
+    assert llm.engine.scheduler.stats.spec_accepted > 0
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
+    path = tiny_model_dir("llama")
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="another tokenizer than the target"):
+        draft_llm(path, other)
+
+
+def test_draft_model_and_method_go_together(tiny_model_dir):
+    path = str(tiny_model_dir("llama"))
+    with pytest.raises(ValueError, match="go together"):
+        LLM(path, speculative="draft")
+    with pytest.raises(ValueError, match="go together"):
+        LLM(path, speculative="ngram", draft_model=path)
+
+
+def test_hybrid_draft_is_refused(tiny_model_dir, family_model_dir):
+    with pytest.raises(ValueError, match="recurrent layers"):
+        draft_llm(tiny_model_dir("llama"), family_model_dir("qwen3_next"))
