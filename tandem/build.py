@@ -99,6 +99,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         proposer = DraftModel(
             draft, runner.vocab_size, _step_tokens(draft, config, max_model_len, page)
         )
+        runner.draft = proposer  # most proposals ride the target's steps
         log.info(
             "draft model %s (%s): %d B/token of KV in the same pages",
             config.draft_model,

@@ -1,4 +1,9 @@
-"""``tandem bench speculative``: Tandem with and without n-gram speculation, one process.
+"""``tandem bench speculative``: Tandem with and without speculation, one process.
+
+Proposers: n-gram (the default), or a draft model: ``--draft-model PATH``, or
+``--draft-layers N``, the target's own first N layers written as a model of their own
+(bench/draft_model.py). ``--mlx-lm`` adds mlx-lm's speculative path at one stream with the
+same draft (``speculative_generate_step``) and its plain ``generate_step``, decode tok/s.
 
 Workloads:
 - ``copy``: a coding agent's edit: "rewrite this ~1,000-token Python file with one name
@@ -14,6 +19,7 @@ Every configuration must give the same tokens as speculation off (greedy is exac
 gives output tok/s, the ratio to off, and the acceptance.
 
     tandem bench speculative [--model M] [--streams 1,4,64] [--num-tokens 4,8]
+        [--draft-model D | --draft-layers N] [--mlx-lm]
 """
 
 from __future__ import annotations
@@ -62,6 +68,55 @@ def random_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(n)]
 
 
+def mlx_lm_single(
+    model_path: str | None, draft_path: str | None, prompt: list[int], n: int, ks, repeats, dtype
+) -> list[dict[str, Any]]:
+    """mlx-lm at one stream: ``generate_step`` (K = 0) and ``speculative_generate_step`` with
+    the draft for each K; decode tok/s timed from the first token, as bench offline does."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step, speculative_generate_step
+
+    from tandem.model_source import resolve_model
+    from tandem.runner.loader import load_model, prepare_for_device
+
+    def load(path):
+        model = load_model(resolve_model(path), dtype)[0]
+        prepare_for_device(model, dtype)
+        return model
+
+    model = load(model_path)
+    draft = load(draft_path) if draft_path else None
+    rows = []
+    for k in ks:
+        if k and draft is None:
+            continue
+
+        def run(k: int = k) -> tuple[float, list[int]]:
+            if k:
+                gen = speculative_generate_step(
+                    mx.array(prompt), model, draft, num_draft_tokens=k, max_tokens=n
+                )
+            else:
+                gen = generate_step(mx.array(prompt), model, max_tokens=n)
+            t0, toks = 0.0, []
+            for i, step in enumerate(gen):
+                toks.append(int(step[0]))
+                if i == 0:
+                    t0 = time.perf_counter()
+            return (n - 1) / (time.perf_counter() - t0), toks
+
+        run()
+        results = [run() for _ in range(repeats)]
+        rows.append(
+            {
+                "spec_tokens": k,
+                "tok_s": statistics.median(r[0] for r in results),
+                "token_ids": results[0][1],
+            }
+        )
+    return rows
+
+
 def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict[str, Any]:
     from tandem import SamplingParams
 
@@ -98,17 +153,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--draft-model", help="speculate with this draft model (same tokenizer)")
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        help="speculate with the target's own first N layers as the draft (written to a "
+        "temporary folder)",
+    )
+    p.add_argument("--speculative-max-batch", type=int, default=8)
+    p.add_argument(
+        "--mlx-lm", action="store_true", help="also mlx-lm's speculative path at one stream"
+    )
     p.add_argument("--json", help="write the results here")
 
 
 def main(args: argparse.Namespace) -> int:
     import gc
+    import tempfile
 
     import mlx.core as mx
 
     from tandem import LLM, SamplingParams
 
     ks = [0, *(int(k) for k in args.num_tokens.split(",") if k)]
+    draft = args.draft_model
+    tmp = tempfile.TemporaryDirectory()
+    if args.draft_layers:
+        from tandem.bench.draft_model import write_truncated
+
+        draft = str(write_truncated(args.model, args.draft_layers, Path(tmp.name), args.dtype))
     streams = [int(x) for x in args.streams.split(",")]
     workloads = args.workloads.split(",")
     # One pool for every run: the largest batch's prompts and outputs, twice (prefix cache).
@@ -116,7 +189,14 @@ def main(args: argparse.Namespace) -> int:
     rows: dict[tuple[str, int, int], dict[str, Any]] = {}
     prompts: dict[tuple[str, int], list[list[int]]] = {}
     for k in ks:
-        spec = {"speculative": "ngram", "num_speculative_tokens": k} if k else {}
+        spec: dict[str, Any] = {}
+        if k:
+            spec = {
+                "speculative": "draft" if draft else "ngram",
+                "draft_model": draft,
+                "num_speculative_tokens": k,
+                "speculative_max_batch": args.speculative_max_batch,
+            }
         llm = LLM(
             args.model,
             dtype=args.dtype,
@@ -143,12 +223,38 @@ def main(args: argparse.Namespace) -> int:
         gc.collect()
         mx.clear_cache()
     ordered = [rows[(w, b, k)] for w in workloads for b in streams for k in ks]
+    if args.mlx_lm and 1 in streams:
+        for workload in workloads:
+            mine = {r["spec_tokens"]: r for r in ordered if r["workload"] == workload}
+            prompt = prompts[(workload, 1)][0]
+            for r in mlx_lm_single(
+                args.model, draft, prompt, args.max_tokens, ks, args.repeats, args.dtype
+            ):
+                k = r["spec_tokens"]
+                r.update(workload=f"{workload}, mlx-lm", streams=1, acceptance=None)
+                r["mean_accepted_per_verify"] = None
+                r["ratio"] = r["tok_s"] / ordered_base(ordered, workload)["tok_s"]
+                want = mine[0]["token_ids"][0] if 0 in mine else r["token_ids"]
+                r["token_ids"] = [r["token_ids"]]
+                r["first_diff"] = first_difference(r["token_ids"], [want])
+                r["exact"] = r["first_diff"] is None
+                ordered.append(r)
+                print(format_row(r), flush=True)
     print()
     print(table(ordered))
     if args.json:
         keep = [{k: v for k, v in r.items() if k != "token_ids"} for r in ordered]
-        Path(args.json).write_text(json.dumps(keep, indent=1))
+        meta = {"draft_model": args.draft_model, "draft_layers": args.draft_layers}
+        Path(args.json).write_text(json.dumps({"config": meta, "rows": keep}, indent=1))
+    tmp.cleanup()
     return 0 if all(r["exact"] for r in ordered) else 1
+
+
+def ordered_base(rows: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+    """Tandem without speculation at one stream: what every mlx-lm row is compared with."""
+    return next(
+        r for r in rows if r["workload"] == workload and r["streams"] == 1 and not r["spec_tokens"]
+    )
 
 
 def first_difference(got: list[list[int]], want: list[list[int]]) -> list[int] | None:

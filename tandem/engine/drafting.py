@@ -45,17 +45,28 @@ class Proposer(Protocol):
     def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None: ...
 
 
+def on_host(req) -> bool:
+    """Whether a request's proposals must be on the host before its step is built: a
+    grammar masks each verify row after the proposals before it, and a penalty counts them
+    as output (engine/sampling_rows.py). The others' proposals ride the step itself."""
+    return req.grammar is not None or req.params.penalized
+
+
 def draft(
     sched: Scheduler, proposals: dict[str, list[int]], pages_before: dict[str, int]
-) -> dict[str, list[int]]:
-    """Fill in the placeholder ``proposals`` (their lengths are what the step has room for;
-    pages for them are allocated) with the draft's tokens, trimmed like any proposal. Pages
-    allocated for proposals that came back shorter are given back (no step lists them yet:
-    nothing is in flight while anyone speculates). A request whose draft is too far behind
-    for this call's catch-up budget only catches up, and decodes one token."""
+) -> tuple[dict[str, list[int]], list[DraftQuery]]:
+    """Turn placeholder ``proposals`` (their lengths are what the step has room for; pages
+    for them are allocated) into draft queries. Those of requests that need their
+    proposals on the host run now and come back as tokens, trimmed like any proposal; the
+    rest are returned for the step to run (their proposals stay placeholders, and the
+    verify segment names its query). A request whose draft is too far behind for this
+    step's catch-up budget only catches up, and decodes one token. Pages allocated for
+    proposals that came back shorter are given back (no step lists them yet: nothing is in
+    flight while anyone speculates)."""
     assert sched.proposer is not None
     room = min(sched.max_step_tokens, sched.proposer.max_tokens)
-    queries: list[DraftQuery] = []
+    now: list[DraftQuery] = []
+    lazy: list[DraftQuery] = []
     for rid, placeholder in proposals.items():
         req = sched.running[rid]
         pos = req.num_computed  # the last token's position
@@ -67,28 +78,29 @@ def draft(
             continue
         room -= n
         tokens = tuple(req.token_ids()[start : start + n])
-        queries.append(DraftQuery(rid, start, tokens, tuple(req.pages), k))
-    got = sched.proposer.propose(queries) if queries else []
-    if got is None:
-        log.warning("the draft model failed; its KV is rebuilt as requests speculate again")
-        for req in sched.running.values():
-            if req.spec is not None:
-                req.spec.draft_len = 0
-        got, queries = [], []
+        q = DraftQuery(rid, start, tokens, tuple(req.pages), k)
+        (now if k and on_host(req) else lazy).append(q)
     out: dict[str, list[int]] = {}
-    for q, tokens in zip(queries, got, strict=True):
-        req = sched.running[q.request_id]
-        if q.k == 0:
-            req.spec.draft_len = q.end
-            continue
-        proposal = speculation.trim(req, list(tokens))
-        # Written: the query's tokens and the first k - 1 proposals; valid for as long as
-        # the proposals before them are (a verify cuts draft_len back to the accepted).
-        req.spec.draft_len = q.end + min(len(proposal), q.k - 1)
-        if proposal:
-            out[q.request_id] = proposal
-        elif tokens:
-            req.spec.no_proposal(sched.config.speculation)
+    if now:
+        got = sched.proposer.propose(now)
+        if got is None:
+            log.warning("the draft model failed; its KV is rebuilt as requests speculate again")
+            speculation.draft_lost(sched)
+            now, lazy, got = [], [], []
+        for q, tokens in zip(now, got, strict=True):
+            req = sched.running[q.request_id]
+            proposal = speculation.trim(req, list(tokens))
+            # Written: the query's tokens and the first k - 1 proposals; valid for as long
+            # as the proposals before them are (a verify cuts draft_len back to the accepted).
+            req.spec.draft_len = q.end + min(len(proposal), q.k - 1)
+            if proposal:
+                out[q.request_id] = proposal
+            else:
+                req.spec.no_proposal(sched.config.speculation)
+    for q in lazy:
+        sched.running[q.request_id].spec.draft_len = q.end + max(0, q.k - 1)
+        if q.k:
+            out[q.request_id] = [0] * q.k  # placeholders: the step feeds the draft's
     kv = sched.kv
     for rid in proposals:
         req = sched.running[rid]
@@ -96,4 +108,4 @@ def draft(
         if len(req.pages) > keep:
             kv.release(req.pages[keep:])
             del req.pages[keep:]
-    return out
+    return out, lazy

@@ -27,6 +27,10 @@ class Segment:
     # sample_row .. sample_row + num_samples - 1; its token_ids are the request's last
     # token and the proposed ones (engine/speculation.py).
     num_samples: int = 1
+    # A verify segment whose proposals a draft model makes in this very step: the index of
+    # its query in ``StepPlan.drafts`` (token_ids after the first are placeholders; the
+    # runner feeds the draft's tokens, and returns them in ``StepResult.drafted``).
+    draft: int = -1
     # Prompt log-probabilities: top-k to return (-1: none) and the tokens that positions
     # start .. score (each position's logits score the next token; the sampled position's
     # logits belong to the output, not the prompt).
@@ -102,6 +106,9 @@ class StepPlan:
     # The parent's sampling state (advanced on the device) serves this step unchanged: the
     # same requests in the same sample rows, every one fed lazily.
     reuse_sampling: bool = False
+    # Draft-model queries run in this step before the forward (engine/drafting.py): their
+    # proposals feed verify segments on the device, with no wait for the host between.
+    drafts: tuple[DraftQuery, ...] = ()
 
     @property
     def chained(self) -> bool:
@@ -150,6 +157,10 @@ class StepResult:
     # Prompt log-probabilities of segments that asked: request id -> one entry per scored
     # position.
     prompt_logprobs: dict[str, list[TokenLogprobs]] | None = None
+    # The proposals of the plan's draft queries that proposed, by request id, and whether
+    # the draft failed (its proposals are placeholders, and its KV is gone).
+    drafted: dict[str, tuple[int, ...]] | None = None
+    draft_failed: bool = False
 
 
 def is_oom(e: BaseException) -> bool:

@@ -21,6 +21,8 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
     """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
     assert result.step_id == plan.step_id
     outputs: list[EngineOutput] = []
+    if result.draft_failed:  # (the step's proposals were placeholders: still exact)
+        speculation.draft_lost(sched)
     for rid, entries in (result.prompt_logprobs or {}).items():
         req = sched.running[rid]
         req.prompt_logprobs = (req.prompt_logprobs or []) + entries
@@ -99,6 +101,9 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     if req.finished:
         return None
     proposal = seg.token_ids[1:]
+    if seg.draft >= 0:  # the draft's proposals, made in the step
+        assert result.drafted is not None
+        proposal = result.drafted[req.request_id]
     tokens = speculation.accepted_tokens(proposal, result.tokens[row : row + n])
     stats = sched.stats
     stats.spec_proposed += len(proposal)

@@ -17,7 +17,7 @@ import numpy as np
 from tandem.engine import drafting, invariants, recovery, results, speculation, state_snapshots
 from tandem.engine.admission import Admission
 from tandem.engine.kv_manager import KVManager
-from tandem.engine.plan import Segment, StepPlan, StepResult
+from tandem.engine.plan import DraftQuery, Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
 from tandem.engine.speculation import SpecConfig
@@ -208,8 +208,10 @@ class Scheduler:
             short = kv.pages_for(req.num_computed + n) - len(req.pages)
             if short > 0:
                 req.pages += kv.allocate(short)
+        drafts: list[DraftQuery] = []
         if self.proposer is not None and proposals:
-            proposals = drafting.draft(self, proposals, pages_before)
+            proposals, drafts = drafting.draft(self, proposals, pages_before)
+        draft_of = {q.request_id: i for i, q in enumerate(drafts) if q.k}
         budget -= len(decodes) + sum(len(p) for p in proposals.values())
         segments: list[Segment] = []
         sampled: list[Request] = []
@@ -228,6 +230,7 @@ class Scheduler:
                     prow,
                     len(sampled),
                     num_samples=n,
+                    draft=draft_of.get(req.request_id, -1),
                     state_slot=req.state_slot,
                     state_src=req.state_src,
                     snapshots=state_snapshots.checkpoint(
@@ -251,7 +254,7 @@ class Scheduler:
         segments += chunks
         if not segments:
             return None
-        return self._launch(parent, segments, sampled, chunks)
+        return self._launch(parent, segments, sampled, chunks, drafts)
 
     def _chunk(self, req: Request, budget: int, row: int) -> Segment:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
@@ -288,6 +291,7 @@ class Scheduler:
         segments: list[Segment],
         sampled: list[Request],
         chunks: list[Segment],
+        drafts: list[DraftQuery],
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
         for seg in segments:
@@ -325,6 +329,7 @@ class Scheduler:
             sampling=parent.sampling if reuse and parent else row_sampling(sampled, drafted),
             parent_step=parent.step_id if parent is not None else 0,
             reuse_sampling=reuse,
+            drafts=tuple(drafts),
         )
 
     # ---- KV pressure: retraction --------------------------------------------------------

@@ -175,7 +175,7 @@ def propose(req, cfg: SpecConfig) -> list[int]:
     if k <= 0:
         return []
     if cfg.draft:  # placeholders: the draft fills them in once pages are allocated
-        return [-1] * k
+        return [0] * k
     req.spec.index.extend(req.token_ids())
     return trim(req, req.spec.index.propose(k))
 
@@ -257,12 +257,19 @@ def extra_pages(
     )
 
 
+def draft_lost(sched: Scheduler) -> None:
+    """The draft model's pool was reset: no request's draft KV is left."""
+    for req in sched.running.values():
+        if req.spec is not None:
+            req.spec.draft_len = 0
+
+
 def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
     """Each verify row after the first: the proposals before its position (a penalty counts
     them as output)."""
     return {
         seg.sample_row + i: seg.token_ids[1 : 1 + i]
         for seg in segments
-        if seg.num_samples > 1
+        if seg.num_samples > 1 and seg.draft < 0  # (a draft's proposals: not penalized)
         for i in range(1, seg.num_samples)
     }

@@ -2,20 +2,25 @@
 it): a second model runner whose KV pool has the target's pages, fed the scheduler's
 ``DraftQuery``s.
 
-One call is one lazy graph: the catch-up chunks and the first proposal in one forward, then
-``k - 1`` single-token forwards, each fed the argmax of the one before on the device; the
-host waits once, for every proposal at the end.
+Queries are one lazy graph: the catch-up chunks and the first proposal in one forward, then
+``k - 1`` single-token forwards, each fed the argmax of the one before on the device. Most
+ride the target's step (``build``, called by ``ModelRunner.launch``): the verify segments
+read the proposals on the device, and the host waits once a step, as without a draft. The
+rest (requests whose proposals the host needs first) go through ``propose``, which waits.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from tandem.engine.plan import DraftQuery, RowSampling, Segment, StepPlan
-from tandem.runner.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from tandem.runner.model_runner import ModelRunner
 
 log = logging.getLogger("tandem")
 
@@ -43,6 +48,14 @@ class DraftModel:
             return None
 
     def _propose(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
+        flat, where = self.build(queries)
+        mx.eval(flat, *self.runner.pool.arrays())
+        tokens = flat.tolist()
+        return [[tokens[j] for j in w] for w in where]
+
+    def build(self, queries: Sequence[DraftQuery]) -> tuple[mx.array, list[list[int]]]:
+        """The lazy graph of ``queries``: every proposal in one flat (n,) int32 array, and
+        each query's indices into it (its k proposals in order). Call on the step's stream."""
         runner = self.runner
         # The catch-up chunks and the first proposal of each query that proposes.
         segs = [Segment(q.request_id, q.start, len(q.tokens), q.tokens, q.pages) for q in queries]
@@ -65,12 +78,15 @@ class DraftModel:
             plan = StepPlan(j, tuple(segs), (), (), _NONE)
             tokens = self._argmax(runner.forward(plan, inputs, list(range(len(rows)))))
             steps.append((rows, tokens))
-        mx.eval(*(t for _, t in steps), *runner.pool.arrays())
-        out: list[list[int]] = [[] for _ in queries]
-        for rows, tokens in steps:
-            for i, t in zip(rows, tokens.tolist(), strict=True):
-                out[i].append(t)
-        return out
+        where: list[list[int]] = [[] for _ in queries]
+        offset = 0
+        for rows, _ in steps:
+            for n, i in enumerate(rows):
+                where[i].append(offset + n)
+            offset += len(rows)
+        parts = [t for _, t in steps]
+        flat = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        return flat, where
 
     def _argmax(self, logits: mx.array) -> mx.array:
         return mx.argmax(logits[:, : self.vocab_size], axis=-1).astype(mx.int32)

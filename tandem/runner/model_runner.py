@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -21,6 +22,7 @@ from tandem.runner import (
     recurrent_step,
     verify,
 )
+from tandem.runner.draft import DraftModel
 from tandem.runner.kv_quant import KVQuant
 from tandem.runner.paged import PagedCache, PagePool, bytes_per_token, quantizable
 from tandem.runner.row_select import install_row_selection
@@ -36,6 +38,7 @@ from tandem.runner.state import StatePool
 from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
+log = logging.getLogger("tandem")
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Handle:
     prompt_logprobs: list[tuple[str, int, LogprobArrays]] | None = None
     # A forward waiting for its grammar masks: (logits, sampling arrays, positions).
     pending: tuple[mx.array, SamplingArrays, mx.array | None] | None = None
+    # The plan's draft proposals: all in one array, and each proposing query's indices.
+    drafted: tuple[mx.array, list[tuple[str, list[int]]]] | None = None
+    draft_failed: bool = False
 
 
 def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
@@ -109,6 +115,8 @@ class ModelRunner:
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
+        # The draft model of draft-model speculation (runner/draft.py), set by build.py.
+        self.draft: DraftModel | None = None
 
     @property
     def num_heads(self) -> int | None:
@@ -223,11 +231,15 @@ class ModelRunner:
             self.pool.reset()
             if self.state_pool is not None:
                 self.state_pool.reset()
+        if self.draft is not None:
+            self.draft.runner.reset()
 
     def _buffers(self) -> list[mx.array]:
         """Every pool buffer a step writes: evaluated with the step's outputs."""
         assert self.pool is not None
         extra = self.state_pool.arrays() if self.state_pool is not None else []
+        if self.draft is not None:
+            extra += self.draft.runner._buffers()
         return self.pool.arrays() + extra
 
     def launch(
@@ -237,6 +249,9 @@ class ModelRunner:
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
             inputs = self._inputs(plan, parent)
+            drafted, draft_failed = None, False
+            if plan.drafts:
+                inputs, drafted, draft_failed = self._drafts(plan, inputs)
             sample_idx, prompt_rows = [], []
             t = 0
             for seg in plan.segments:
@@ -272,7 +287,10 @@ class ModelRunner:
                 else None
             )
             handle = Handle(plan, None, sampling, None, prompt_lps or None)
+            handle.drafted, handle.draft_failed = drafted, draft_failed
             extra = [a for _, _, arrs in prompt_lps for a in arrs]
+            if drafted is not None:
+                extra.append(drafted[0])
             if plan.sampling.constrained and masks is None:
                 # Keep the device busy with the forward; the sampling follows the masks.
                 handle.pending = (sampled, sampling, positions)
@@ -282,6 +300,40 @@ class ModelRunner:
                 *self._sample(handle, sampled, sampling, positions, masks), *extra, *self._buffers()
             )
         return handle
+
+    def _drafts(
+        self, plan: StepPlan, inputs: mx.array
+    ) -> tuple[mx.array, tuple[mx.array, list[tuple[str, list[int]]]], bool]:
+        """Run the plan's draft queries (lazily, before the forward) and feed their
+        proposals to the verify segments that name them. If the draft fails, zeros are
+        proposed (a verify is exact whatever it is fed) and the draft's pool is reset."""
+        assert self.draft is not None, "a plan with draft queries, and no draft model"
+        failed = False
+        try:
+            flat, where = self.draft.build(plan.drafts)
+            mx.async_eval(flat)  # the device drafts while the host builds the forward
+        except Exception as e:  # noqa: BLE001 - any proposal is exact: placeholders serve
+            log.warning("draft model step failed: %s: %s", type(e).__name__, e)
+            e.__traceback__ = None
+            self.draft.runner.reset()
+            where, n = [], 0
+            for q in plan.drafts:
+                where.append(list(range(n, n + q.k)))
+                n += q.k
+            flat = mx.zeros((n,), dtype=mx.int32)
+            failed = True
+        dst, src = [], []
+        t = 0
+        for seg in plan.segments:
+            if seg.draft >= 0:
+                idx = where[seg.draft]
+                assert len(idx) == seg.num_tokens - 1
+                dst += range(t + 1, t + seg.num_tokens)
+                src += idx
+            t += seg.num_tokens
+        inputs[mx.array(dst, dtype=mx.int32)] = flat[mx.array(src, dtype=mx.int32)]
+        proposing = [(q.request_id, w) for q, w in zip(plan.drafts, where, strict=True) if q.k]
+        return inputs, (flat, proposing), failed
 
     def forward(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
@@ -405,9 +457,13 @@ class ModelRunner:
             prompt = {}
             for rid, k, arrays in handle.prompt_logprobs:
                 prompt[rid] = prompt.get(rid, []) + _entries(arrays, [k] * arrays[0].size)
-        if handle.logprobs is None:
-            return StepResult(handle.plan.step_id, tokens, None, prompt)
-        rows = handle.plan.sampling.logprobs
-        entries = _entries(handle.logprobs, [k for _, k in rows])
-        by_row = {row: e for (row, _), e in zip(rows, entries, strict=True)}
-        return StepResult(handle.plan.step_id, tokens, by_row, prompt)
+        drafted, failed = None, handle.draft_failed
+        if handle.drafted is not None:
+            flat = handle.drafted[0].tolist()
+            drafted = {rid: tuple(flat[j] for j in w) for rid, w in handle.drafted[1]}
+        by_row = None
+        if handle.logprobs is not None:
+            rows = handle.plan.sampling.logprobs
+            entries = _entries(handle.logprobs, [k for _, k in rows])
+            by_row = {row: e for (row, _), e in zip(rows, entries, strict=True)}
+        return StepResult(handle.plan.step_id, tokens, by_row, prompt, drafted, failed)

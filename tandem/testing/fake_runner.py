@@ -57,6 +57,8 @@ class FakeHandle:
     tokens: tuple[int, ...] | None
     finalized: bool = False
     raw: tuple[int, ...] = ()  # tokens before grammar masks
+    drafted: dict[str, tuple[int, ...]] | None = None
+    draft_failed: bool = False
 
 
 def masked_token(raw: int, mask_row: np.ndarray) -> int:
@@ -84,6 +86,7 @@ class FakeRunner:
     resets: int = 0
     # The "model": a sampled token from the row's seed and the history before it.
     token_fn: Callable[[int, Sequence[int]], int] = fake_token
+    draft: FakeDraft | None = None  # runs the plans' draft queries (engine/drafting.py)
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -106,12 +109,22 @@ class FakeRunner:
         self.launched.append(plan)
         p = self.page_size
         tokens: list[int] = [0] * plan.num_rows
+        proposals: list[list[int]] = []
+        draft_failed = False
+        if plan.drafts:  # like the runner: a failed draft proposes placeholders
+            assert self.draft is not None, "draft queries without a draft model"
+            got = self.draft.propose(plan.drafts)
+            draft_failed = got is None
+            proposals = [[0] * q.k for q in plan.drafts] if got is None else got
         for seg in plan.segments:
             assert max(seg.pages, default=0) < self.num_pages, "a page outside the pool"
             assert seg.end <= len(seg.pages) * p, "a write past the page table"
             if seg.lazy:
                 assert parent is not None and parent.tokens is not None and seg.num_tokens == 1
                 inputs: Sequence[int] = (parent.tokens[seg.parent_row],)
+            elif seg.draft >= 0:
+                inputs = (seg.token_ids[0], *proposals[seg.draft])
+                assert len(inputs) == seg.num_tokens
             else:
                 inputs = seg.token_ids
                 assert len(inputs) == seg.num_tokens
@@ -123,7 +136,11 @@ class FakeRunner:
                 assert None not in history, f"{seg.request_id} attends to unwritten KV"
                 seed = plan.sampling.seed[seg.sample_row + i]
                 tokens[seg.sample_row + i] = self.token_fn(seed, history)  # type: ignore[arg-type]
-        handle = FakeHandle(plan, None, raw=tuple(tokens))
+        drafted = {
+            q.request_id: tuple(t) for q, t in zip(plan.drafts, proposals, strict=True) if q.k
+        }
+        handle = FakeHandle(plan, None, raw=tuple(tokens), drafted=drafted or None)
+        handle.draft_failed = draft_failed
         self._unfinalized.append(handle)
         if plan.sampling.constrained and masks is None:
             assert plan.chained, "a fresh step knows its masks"
@@ -155,13 +172,20 @@ class FakeRunner:
             self.fault(handle.plan, "finalize")
         self._unfinalized.pop(0)
         handle.finalized = True
-        return StepResult(handle.plan.step_id, handle.tokens)
+        return StepResult(
+            handle.plan.step_id,
+            handle.tokens,
+            drafted=handle.drafted,
+            draft_failed=handle.draft_failed,
+        )
 
     def reset(self) -> None:
         """Like the real runner after a failure: in-flight steps and all KV are gone."""
         self._unfinalized.clear()
         self.slots = [None] * (self.num_pages * self.page_size)
         self.resets += 1
+        if self.draft is not None:
+            self.draft.slots = [None] * len(self.draft.slots)
 
 
 @dataclass

@@ -225,7 +225,7 @@ def _owners(model: nn.Module) -> dict[str, str]:
 
 def _zoo_init(model: nn.Module, vocab: int, seed: int) -> tm.Init:
     """Linears 1/sqrt(fan_in), their biases 0.1, embeddings 1 (0.2 when tied to the output)
-    and the final norm a zero-mean scale of std 1, as in ``tiny_models._init_std``; matrices
+    and the final norm a zero-mean scale of std 1, as in ``tiny_models.init_std``; matrices
     mlx-lm initializes to zeros (bare output heads) get 1/sqrt(fan_in) too. Every other
     parameter (layer norms, convolutions, SSM decays, sinks, gains) keeps the value mlx-lm's
     own init gives it."""

@@ -239,7 +239,7 @@ def _dump(file: Path, obj: Any) -> None:
     file.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-def _init_std(name: str, shape: tuple[int, ...], tied: bool) -> float | None:
+def init_std(name: str, shape: tuple[int, ...], tied: bool) -> float | None:
     """Std of the (zero-mean, uniform) init, or None for ones (the norms).
 
     Linears get 1/sqrt(fan_in) and biases 0.1. Embeddings get 1.0, or 0.2 when tied to the
@@ -266,7 +266,7 @@ def _write_weights(
     params = [(k, tuple(v.shape)) for k, v in tree_flatten(model.parameters())]
     del model
     if init is None:
-        init = functools.partial(_init_std, tied=bool(config["tie_word_embeddings"]))
+        init = functools.partial(init_std, tied=bool(config["tie_word_embeddings"]))
     keys = mx.random.split(mx.random.key(seed), len(params))
 
     shards: list[list[int]] = [[]]
@@ -367,8 +367,10 @@ def make_random_model(
     seed: int = 0,
     dtype: str = "bfloat16",
     tokenizer_vocab: int = 512,
+    init: Init | None = None,
 ) -> Path:
-    """Write a random-weight ``arch`` model with real shapes, e.g. ``QWEN3_8B``.
+    """Write a random-weight ``arch`` model with real shapes, e.g. ``QWEN3_8B``; ``init``:
+    each tensor's std (see ``init_std``, the default) or its value.
 
     The tokenizer is a BPE of ``tokenizer_vocab`` trained ids padded with filler tokens to
     the model's vocab_size, so every id the model can emit decodes. Weights are generated one
@@ -376,4 +378,4 @@ def make_random_model(
     """
     config = _base_config(arch, 512, 64, 2, None)
     config.update(config_overrides)
-    return _write_model(path, config, seed, dtype, tokenizer_vocab)
+    return _write_model(path, config, seed, dtype, tokenizer_vocab, init=init)

@@ -121,3 +121,48 @@ def test_draft_model_and_method_go_together(tiny_model_dir):
 def test_hybrid_draft_is_refused(tiny_model_dir, family_model_dir):
     with pytest.raises(ValueError, match="recurrent layers"):
         draft_llm(tiny_model_dir("llama"), family_model_dir("qwen3_next"))
+
+
+def test_penalized_rows_draft_before_the_step_and_match(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    prompt = [31, 32, 33, 34] * 4
+    params = [
+        SamplingParams(
+            max_tokens=24,
+            temperature=(0, 0.8)[s % 2],
+            seed=s,
+            presence_penalty=0.4,
+            repetition_penalty=(1.0, 1.2)[s % 2],
+            ignore_eos=True,
+        )
+        for s in range(6)
+    ]
+    plain = LLM(str(path)).generate([prompt] * 6, params)
+    llm = draft_llm(path, path)
+    spec = llm.generate([prompt] * 6, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert llm.engine.scheduler.stats.spec_accepted > 0
+
+
+def test_a_failing_draft_costs_proposals_not_tokens(tiny_model_dir, monkeypatch):
+    """The draft's graph fails to build in some steps: zeros are verified instead, the
+    draft's pool is rebuilt, and the output is still exact."""
+    from tandem.runner.draft import DraftModel
+
+    path = tiny_model_dir("llama")
+    prompts = [[41, 42, 43, 44, 45] * 3, [7, 8, 9] * 5]
+    plain = LLM(str(path)).generate(prompts, greedy(40))
+    build, calls = DraftModel.build, []
+
+    def flaky(self, queries):
+        calls.append(1)
+        if len(calls) in (2, 5):
+            raise RuntimeError("injected draft failure")
+        return build(self, queries)
+
+    monkeypatch.setattr(DraftModel, "build", flaky)
+    llm = draft_llm(path, path)
+    spec = llm.generate(prompts, greedy(40))
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    stats = llm.engine.scheduler.stats
+    assert stats.step_failures == 0 and stats.spec_accepted > 0

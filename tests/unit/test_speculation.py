@@ -279,6 +279,7 @@ def draft_engine(overlap: bool, fail_calls=(), **cfg) -> tuple[Engine, FakeDraft
     draft = FakeDraft(
         config.num_pages, P, seeds.__getitem__, copying_token, fail_calls=frozenset(fail_calls)
     )
+    runner.draft = draft
     engine = Engine(runner, config, overlap=overlap, check_invariants=True, proposer=draft)
     add = engine.add_request
 
@@ -332,13 +333,37 @@ def test_an_imperfect_draft_is_exact_and_its_cache_follows_partial_accepts():
     assert draft.fed < len(prompt) + 150 + stats.spec_verifies
 
 
-def test_a_failing_draft_costs_proposals_not_tokens():
-    engine, draft = draft_engine(True, fail_calls={3, 4, 9})
+def test_a_failing_draft_in_a_step_costs_proposals_not_tokens():
+    """A draft that fails inside a step proposes placeholders (verified like any proposal)
+    and loses its KV: every request's draft catches up from 0, the output stays exact."""
+    engine, draft = draft_engine(True, fail_calls={3, 9})
     prompt = [5, 6, 7, 5, 6, 7, 1]
     got, _ = drive(engine, {0: [("a", prompt, 4, 80), ("b", [1, 2, 3], 1, 60)]})
     assert got == {"a": expected(4, prompt, 80), "b": expected(1, [1, 2, 3], 60)}
     stats = engine.scheduler.stats
-    assert draft.resets == 3 and stats.spec_accepted == stats.spec_proposed > 0
+    assert stats.step_failures == 0 and draft.resets == 2
+    assert 0 < stats.spec_accepted < stats.spec_proposed
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_penalized_requests_draft_before_the_step(overlap):
+    """A penalty counts proposals as output when the step is built, so a penalized request's
+    draft runs during scheduling (its own call, trimmed like n-gram proposals); a failure
+    there costs that step's proposals only, not the step."""
+    engine, draft = draft_engine(overlap, fail_calls={4})
+    prompt = [5, 6, 7, 5, 6, 7, 1]
+    pen = SamplingParams(max_tokens=70, seed=4, temperature=0, ignore_eos=True, presence_penalty=1)
+    engine.add_request(prompt, pen, "a")
+    got: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            got += out.new_token_ids
+        engine.check_invariants()
+    assert got == expected(4, prompt, 70)  # (the fake model ignores penalties)
+    stats = engine.scheduler.stats
+    assert draft.resets == 1 and stats.step_failures == 0
+    assert not any(p.drafts for p in engine.loop.runner.launched)  # none rode a step
+    assert stats.spec_accepted == stats.spec_proposed > 0
 
 
 def test_draft_catch_up_is_bounded_per_call():
