@@ -65,3 +65,36 @@ def damped_init(layers: int, damping: float, tied: bool):
         return std
 
     return init
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a benchmark pair: a random target of a real shape whose layers from
+    ``--layers`` on are damped, its first ``--layers`` layers as a draft, and optionally a
+    random draft of another shape (same tokenizer; it agrees with the target by chance)."""
+    import argparse
+
+    import tandem.runner  # noqa: F401  (the optimized BLAS before mlx)
+    from tandem.testing import tiny_models as tm
+
+    p = argparse.ArgumentParser(prog="python -m tandem.bench.draft_model")
+    p.add_argument("--shape", default="qwen3-8b", choices=("qwen3-0.6b", "qwen3-8b"))
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--damping", type=float, default=0.015)
+    p.add_argument("--random-draft", choices=("qwen3-0.6b",))
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    shapes = {"qwen3-0.6b": tm.QWEN3_0_6B, "qwen3-8b": tm.QWEN3_8B}
+    shape = shapes[args.shape]
+    init = damped_init(args.layers, args.damping, bool(shape["tie_word_embeddings"]))
+    target = tm.make_random_model(args.out / "target", "qwen3", shape, dtype=args.dtype, init=init)
+    write_truncated(str(target), args.layers, args.out / f"draft-{args.layers}", "auto")
+    if args.random_draft:
+        other = shapes[args.random_draft]
+        tm.make_random_model(args.out / "draft-random", "qwen3", other, dtype=args.dtype, seed=1)
+    print("wrote", *sorted(str(d) for d in args.out.iterdir()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
