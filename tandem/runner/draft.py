@@ -65,6 +65,7 @@ class DraftModel:
         head = [ends[i] for i in rows] or [0]
         logits = runner.forward(StepPlan(0, tuple(segs), (), (), _NONE), inputs, head)
         tokens = self._argmax(logits[: len(rows)])
+        mx.async_eval(tokens)  # the device starts while the host builds the next forward
         steps = [(rows, tokens)]
         for j in range(1, max((q.k for q in queries), default=0)):
             prev_rows, prev = steps[-1]
@@ -77,6 +78,7 @@ class DraftModel:
             inputs = prev if len(alive) == len(prev_rows) else prev[mx.array(alive)]
             plan = StepPlan(j, tuple(segs), (), (), _NONE)
             tokens = self._argmax(runner.forward(plan, inputs, list(range(len(rows)))))
+            mx.async_eval(tokens)
             steps.append((rows, tokens))
         where: list[list[int]] = [[] for _ in queries]
         offset = 0

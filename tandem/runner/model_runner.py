@@ -310,8 +310,7 @@ class ModelRunner:
         assert self.draft is not None, "a plan with draft queries, and no draft model"
         failed = False
         try:
-            flat, where = self.draft.build(plan.drafts)
-            mx.async_eval(flat)  # the device drafts while the host builds the forward
+            flat, where = self.draft.build(plan.drafts)  # on the device while we go on
         except Exception as e:  # noqa: BLE001 - any proposal is exact: placeholders serve
             log.warning("draft model step failed: %s: %s", type(e).__name__, e)
             e.__traceback__ = None

@@ -1,0 +1,51 @@
+"""Where a draft-speculation round's time goes at one stream (host phases, and the wait)."""
+
+import sys
+import time
+from collections import defaultdict
+
+import tandem.runner  # noqa: F401
+from tandem import LLM, SamplingParams
+from tandem.engine.loop import OverlapLoop
+from tandem.runner.draft import DraftModel
+from tandem.runner.model_runner import ModelRunner
+
+target, draft = sys.argv[1], sys.argv[2]
+k = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+acc: dict[str, float] = defaultdict(float)
+
+
+def timed(cls, name, key):
+    orig = getattr(cls, name)
+
+    def wrap(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return orig(*a, **kw)
+        finally:
+            acc[key] += time.perf_counter() - t
+
+    setattr(cls, name, wrap)
+
+
+timed(DraftModel, "build", "draft build (host)")
+timed(ModelRunner, "launch", "launch incl. draft build")
+timed(ModelRunner, "finalize", "finalize (wait)")
+timed(OverlapLoop, "_launch", "loop launch incl. schedule")
+opts = {"speculative": "draft", "draft_model": draft, "num_speculative_tokens": k} if k else {}
+llm = LLM(target, max_num_seqs=8, **opts)
+prompt = list(range(10, 266))
+p = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+llm.generate([prompt], p)
+for _ in range(2):
+    acc.clear()
+    steps0 = llm.engine.loop.num_steps
+    t = time.perf_counter()
+    llm.generate([prompt], p)
+    total = time.perf_counter() - t
+    steps = llm.engine.loop.num_steps - steps0
+    s = llm.engine.scheduler.stats
+    print(f"K={k} total {total * 1000:.0f} ms, {128 / total:.1f} tok/s, {steps} launches")
+    for key, v in acc.items():
+        print(f"  {key}: {v * 1000:.0f} ms ({v * 1000 / max(1, steps):.2f} ms/launch)")
+    print("  accepted/proposed", s.spec_accepted, s.spec_proposed)
