@@ -12,6 +12,7 @@ from tandem.runner.model_runner import ModelRunner
 
 target, draft = sys.argv[1], sys.argv[2]
 k = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+budget = int(sys.argv[4]) if len(sys.argv) > 4 else None  # KV pool tokens (None: default)
 acc: dict[str, float] = defaultdict(float)
 
 
@@ -33,7 +34,7 @@ timed(ModelRunner, "launch", "launch incl. draft build")
 timed(ModelRunner, "finalize", "finalize (wait)")
 timed(OverlapLoop, "_launch", "loop launch incl. schedule")
 opts = {"speculative": "draft", "draft_model": draft, "num_speculative_tokens": k} if k else {}
-llm = LLM(target, max_num_seqs=8, **opts)
+llm = LLM(target, max_num_seqs=8, kv_budget_tokens=budget, **opts)
 prompt = list(range(10, 266))
 p = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
 llm.generate([prompt], p)
