@@ -12,7 +12,8 @@ from tandem.runner.model_runner import ModelRunner
 
 target, draft = sys.argv[1], sys.argv[2]
 k = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-budget = int(sys.argv[4]) if len(sys.argv) > 4 else None  # KV pool tokens (None: default)
+budget = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "-" else None  # KV tokens
+overlap = sys.argv[5] != "off" if len(sys.argv) > 5 else True
 acc: dict[str, float] = defaultdict(float)
 
 
@@ -34,7 +35,7 @@ timed(ModelRunner, "launch", "launch incl. draft build")
 timed(ModelRunner, "finalize", "finalize (wait)")
 timed(OverlapLoop, "_launch", "loop launch incl. schedule")
 opts = {"speculative": "draft", "draft_model": draft, "num_speculative_tokens": k} if k else {}
-llm = LLM(target, max_num_seqs=8, kv_budget_tokens=budget, **opts)
+llm = LLM(target, max_num_seqs=8, kv_budget_tokens=budget, overlap=overlap, **opts)
 prompt = list(range(10, 266))
 p = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
 llm.generate([prompt], p)
