@@ -1,5 +1,7 @@
 """Where a draft-speculation round's time goes at one stream (host phases, and the wait)."""
 
+import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -35,7 +37,14 @@ timed(ModelRunner, "launch", "launch incl. draft build")
 timed(ModelRunner, "finalize", "finalize (wait)")
 timed(OverlapLoop, "_launch", "loop launch incl. schedule")
 opts = {"speculative": "draft", "draft_model": draft, "num_speculative_tokens": k} if k else {}
-llm = LLM(target, max_num_seqs=8, kv_budget_tokens=budget, overlap=overlap, **opts)
+llm = LLM(
+    target,
+    max_num_seqs=8,
+    kv_budget_tokens=budget,
+    overlap=overlap,
+    **opts,
+    **json.loads(os.environ.get("LLM_OPTIONS", "{}")),
+)
 prompt = list(range(10, 266))
 p = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
 llm.generate([prompt], p)
