@@ -67,6 +67,20 @@ def damped_init(layers: int, damping: float, tied: bool):
     return init
 
 
+# A 12-layer Qwen3 of width 256 for CPU runs (its vocabulary is the 512-token test BPE).
+SMALL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 4096,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write a benchmark pair: a random target of a real shape whose layers from
     ``--layers`` on are damped, its first ``--layers`` layers as a draft, and optionally a
@@ -77,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.testing import tiny_models as tm
 
     p = argparse.ArgumentParser(prog="python -m tandem.bench.draft_model")
-    p.add_argument("--shape", default="qwen3-8b", choices=("qwen3-0.6b", "qwen3-8b"))
+    p.add_argument("--shape", default="qwen3-8b", choices=("qwen3-small", "qwen3-0.6b", "qwen3-8b"))
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--damping", type=float, default=0.015)
     p.add_argument("--random-draft", choices=("qwen3-0.6b",))
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    shapes = {"qwen3-0.6b": tm.QWEN3_0_6B, "qwen3-8b": tm.QWEN3_8B}
+    shapes = {"qwen3-small": SMALL, "qwen3-0.6b": tm.QWEN3_0_6B, "qwen3-8b": tm.QWEN3_8B}
     shape = shapes[args.shape]
     init = damped_init(args.layers, args.damping, bool(shape["tie_word_embeddings"]))
     target = tm.make_random_model(args.out / "target", "qwen3", shape, dtype=args.dtype, init=init)

@@ -110,6 +110,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     stats.spec_accepted += len(tokens) - 1
     stats.spec_verifies += 1
     req.spec.record(sched.config.speculation, len(proposal), len(tokens) - 1)
+    sched.acceptance.record(len(proposal), len(tokens) - 1)
     emitted: list[int] = []
     reason = None
     for token in tokens:

@@ -90,6 +90,7 @@ class Scheduler:
         self.state_slots = StateSlots(config.state_slots) if config.state_slots else None
         # The draft model (config.speculation.draft), set by the engine.
         self.proposer: drafting.Proposer | None = None
+        self.acceptance = speculation.Acceptance()  # of recent verifies, engine-wide
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -110,7 +111,7 @@ class Scheduler:
         if request.request_id in self.running or request.request_id in self._waiting_ids:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if cfg.speculation.enabled:
-            request.spec = speculation.new_state(cfg.speculation)
+            request.spec = speculation.new_state(cfg.speculation, self.acceptance)
         self.waiting.append(request)
         self._waiting_ids.add(request.request_id)
 

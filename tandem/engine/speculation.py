@@ -62,6 +62,12 @@ class SpecConfig:
     backoff: int = 16  # plain tokens after the first back-off (doubles each time)
     # Proposals from a draft model (engine/drafting.py) instead of the n-gram index.
     draft: bool = False
+    # Engine-wide memory: while the recent verifies of all requests accepted less than this
+    # share of their proposals, a new request starts backed off (``cold_backoff`` tokens),
+    # so a workload the proposer cannot predict pays for a probe now and then, not for
+    # ``patience`` failed verifies per request.
+    min_acceptance: float = 0.2
+    cold_backoff: int = 64
 
     @property
     def enabled(self) -> bool:
@@ -163,8 +169,25 @@ def accepted_tokens(proposal: tuple[int, ...], sampled: tuple[int, ...]) -> list
     return out
 
 
-def new_state(cfg: SpecConfig) -> SpecState:
-    return SpecState(NgramIndex(cfg.min_n, cfg.max_n))
+class Acceptance:
+    """The engine-wide acceptance rate of recent verifies (an exponential moving average;
+    optimistic at start)."""
+
+    WEIGHT = 0.1  # of each verify
+
+    def __init__(self) -> None:
+        self.rate = 1.0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        if proposed:
+            self.rate += self.WEIGHT * (accepted / proposed - self.rate)
+
+
+def new_state(cfg: SpecConfig, recent: Acceptance | None = None) -> SpecState:
+    state = SpecState(NgramIndex(cfg.min_n, cfg.max_n))
+    if recent is not None and recent.rate < cfg.min_acceptance:
+        state.plain_left = state.next_backoff = cfg.cold_backoff
+    return state
 
 
 def propose(req, cfg: SpecConfig) -> list[int]:

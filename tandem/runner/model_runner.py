@@ -238,8 +238,6 @@ class ModelRunner:
         """Every pool buffer a step writes: evaluated with the step's outputs."""
         assert self.pool is not None
         extra = self.state_pool.arrays() if self.state_pool is not None else []
-        if self.draft is not None:
-            extra += self.draft.runner._buffers()
         return self.pool.arrays() + extra
 
     def launch(
@@ -289,8 +287,9 @@ class ModelRunner:
             handle = Handle(plan, None, sampling, None, prompt_lps or None)
             handle.drafted, handle.draft_failed = drafted, draft_failed
             extra = [a for _, _, arrs in prompt_lps for a in arrs]
-            if drafted is not None:
-                extra.append(drafted[0])
+            if drafted is not None:  # and the draft's KV writes
+                assert self.draft is not None
+                extra += [drafted[0], *self.draft.runner._buffers()]
             if plan.sampling.constrained and masks is None:
                 # Keep the device busy with the forward; the sampling follows the masks.
                 handle.pending = (sampled, sampling, positions)

@@ -375,3 +375,22 @@ def test_draft_catch_up_is_bounded_per_call():
     assert got["a"] == expected(3, prompt, 40)
     assert engine.scheduler.stats.spec_accepted > 0
     assert draft.calls > len(prompt) // 16  # several catch-up calls before the first proposal
+
+
+def test_a_useless_proposer_makes_new_requests_start_backed_off():
+    """A draft that never agrees: the first requests fail their way into back-off, and once
+    the engine-wide acceptance is low, later requests start backed off (a probe of
+    ``patience`` verifies per ``cold_backoff`` tokens instead of per request)."""
+    engine, draft = draft_engine(False)
+    draft.token_fn = lambda seed, h: 999 - copying_token(seed, h) % 7  # never the target's
+    sched = engine.scheduler
+    verifies = []
+    for i in range(6):
+        before = sched.stats.spec_verifies
+        prompt = [3 + i, 4, 5, 6]
+        got, _ = drive(engine, {0: [(f"r{i}", prompt, i, 40)]})
+        assert got[f"r{i}"] == expected(i, prompt, 40)
+        verifies.append(sched.stats.spec_verifies - before)
+    assert sched.stats.spec_accepted == 0
+    assert verifies[0] >= 3 and sum(verifies[3:]) == 0, verifies
+    assert sched.acceptance.rate < sched.config.speculation.min_acceptance
