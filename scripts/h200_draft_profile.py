@@ -32,6 +32,10 @@ def timed(cls, name, key):
     setattr(cls, name, wrap)
 
 
+import mlx.core as mx  # noqa: E402
+
+timed(mx, "async_eval", "mx.async_eval (submit)")
+timed(ModelRunner, "forward", "forward graphs (host, target and draft)")
 timed(DraftModel, "build", "draft build (host)")
 timed(ModelRunner, "launch", "launch incl. draft build")
 timed(ModelRunner, "finalize", "finalize (wait)")

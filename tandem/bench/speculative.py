@@ -13,8 +13,9 @@ Workloads:
   cannot help).
 
 Each stream count B runs B such requests together (different files), greedy, EOS ignored,
-first with ``max_tokens=1`` (so the timed run reads its prompt from the prefix cache and
-measures decoding), then timed. One engine per K (off first) runs every workload and batch.
+first untimed (so the timed runs read their prompts from the prefix cache, and MLX has
+compiled its kernels for the step shapes), then timed. One engine per K (off first) runs
+every workload and batch.
 Every configuration must give the same tokens as speculation off (greedy is exact); the table
 gives output tok/s, the ratio to off, and the acceptance.
 
@@ -120,8 +121,10 @@ def mlx_lm_single(
 def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict[str, Any]:
     from tandem import SamplingParams
 
-    llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0))  # prompts cached
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    # Untimed, the whole run once: the prompts are cached, and MLX compiles its kernels for
+    # the step shapes this configuration makes (verify and draft rows vary) before timing.
+    llm.generate(prompts, params)
     times, outs = [], []
     stats = llm.engine.scheduler.stats
     before = (stats.spec_proposed, stats.spec_accepted, stats.spec_verifies)

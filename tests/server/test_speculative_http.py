@@ -128,3 +128,23 @@ def test_speculation_shows_in_metrics_and_the_dashboard(spec_server):
             break
         time.sleep(0.5)
     assert any(0 < (p["spec_acceptance"] or 0) <= 1 for p in points)
+
+
+def test_draft_model_server_streams_plain_greedy_and_counts(served_model, plain):
+    """`--speculative draft --draft-model` (the model drafting for itself): the stream is
+    plain greedy decoding's, and the accepted proposals show in /metrics."""
+    s = Server(
+        served_model,
+        "--speculative",
+        "draft",
+        "--draft-model",
+        str(served_model),
+        "--num-speculative-tokens",
+        "4",
+    )
+    try:
+        text, lps, reason, _ = stream(s, max_tokens=60, ignore_eos=True, logprobs=0)
+        assert text == plain.text and reason == "length" and len(lps) == 60
+        assert s.metric("tandem_spec_accepted_tokens_total") > 0
+    finally:
+        s.stop()
