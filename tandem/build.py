@@ -55,7 +55,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    draft = _draft_runner(config, tokenizer) if config.draft_model else None
+    speculation = _speculation(config, runner.recurrent, model_type)  # (refusals first)
+    draft = _draft_runner(config, tokenizer, max_model_len) if config.draft_model else None
     # The draft's pool has as many pages as the target's (engine/drafting.py).
     per_token = runner.bytes_per_token + (draft.bytes_per_token if draft else 0)
     state_slots = config.max_num_seqs if runner.recurrent else 0
@@ -134,7 +135,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         prefix_cache=config.prefix_cache,
         state_slots=state_slots,
         state_snapshots=snapshots,
-        speculation=_speculation(config, state_slots > 0, model_type),
+        speculation=speculation,
     )
     engine = Engine(
         runner,
@@ -162,9 +163,10 @@ def _step_tokens(runner, config: EngineConfig, max_model_len: int, page: int) ->
     return step_tokens
 
 
-def _draft_runner(config: EngineConfig, tokenizer: Tokenizer):
+def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int):
     """The draft model's runner (pool not allocated yet), after checking that it shares the
-    target's tokenizer: its token ids must mean the same text."""
+    target's tokenizer (its token ids must mean the same text), embeds every id of it, and
+    reaches the target's context length."""
     from tandem.runner.kv_quant import KVQuant
     from tandem.runner.loader import load_model, prepare_for_device
     from tandem.runner.model_runner import ModelRunner
@@ -183,10 +185,17 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer):
     model, model_config = load_model(path, config.dtype)
     prepare_for_device(model, config.dtype)
     model_type = str(model_config.get("model_type", ""))
+    native = int(model_config.get("max_position_embeddings") or max_model_len)
+    if native < max_model_len:
+        raise ValueError(
+            f"draft model {config.draft_model} has a context of {native} tokens, less than "
+            f"the target's {max_model_len}: use a draft with a longer context or lower "
+            "--max-model-len"
+        )
     runner = ModelRunner(
         model,
         model_type=model_type,
-        overlap=False,  # the draft runs only between steps
+        overlap=False,  # nothing of the draft's is in flight across steps
         double_buffer=False,
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
@@ -195,6 +204,11 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer):
         raise ValueError(
             f"draft model {config.draft_model} ({model_type}) has recurrent layers, whose "
             "state cannot be rolled back past rejected proposals: use an attention-only draft"
+        )
+    if runner.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"draft model {config.draft_model} scores {runner.vocab_size} tokens, fewer than "
+            f"its tokenizer's {tokenizer.vocab_size}"
         )
     return runner
 

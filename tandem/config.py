@@ -70,7 +70,10 @@ class EngineConfig:
                 f"{self.speculative!r}; MTP heads are not loaded by mlx-lm yet"
             )
         if (self.speculative == "draft") != (self.draft_model is not None):
-            raise ValueError("speculative='draft' and draft_model go together")
+            raise ValueError(
+                "speculative='draft' and draft_model go together "
+                "(--speculative draft --draft-model PATH)"
+            )
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
         if self.speculative_max_batch < 1:

@@ -41,6 +41,7 @@ class Proposer(Protocol):
     None when the draft failed (it has reset its pool: every request's draft KV is gone)."""
 
     max_tokens: int  # catch-up tokens one call may feed
+    disabled: bool  # failed too often: no more proposals
 
     def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None: ...
 
@@ -86,6 +87,8 @@ def draft(
         if got is None:
             log.warning("the draft model failed; its KV is rebuilt as requests speculate again")
             speculation.draft_lost(sched)
+            for q in now:  # counts against them, as a verify that accepted nothing
+                sched.running[q.request_id].spec.no_proposal(sched.config.speculation)
             now, lazy, got = [], [], []
         for q, tokens in zip(now, got, strict=True):
             req = sched.running[q.request_id]

@@ -105,12 +105,15 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
         assert result.drafted is not None
         proposal = result.drafted[req.request_id]
     tokens = speculation.accepted_tokens(proposal, result.tokens[row : row + n])
-    stats = sched.stats
-    stats.spec_proposed += len(proposal)
-    stats.spec_accepted += len(tokens) - 1
-    stats.spec_verifies += 1
-    req.spec.record(sched.config.speculation, len(proposal), len(tokens) - 1)
-    sched.acceptance.record(len(proposal), len(tokens) - 1)
+    if result.draft_failed and seg.draft >= 0:  # placeholders, not proposals
+        req.spec.no_proposal(sched.config.speculation)
+    else:
+        stats = sched.stats
+        stats.spec_proposed += len(proposal)
+        stats.spec_accepted += len(tokens) - 1
+        stats.spec_verifies += 1
+        req.spec.record(sched.config.speculation, len(proposal), len(tokens) - 1)
+        sched.acceptance.record(len(proposal), len(tokens) - 1)
     emitted: list[int] = []
     reason = None
     for token in tokens:

@@ -174,6 +174,7 @@ class Acceptance:
     optimistic at start)."""
 
     WEIGHT = 0.1  # of each verify
+    DRIFT = 0.05  # back towards 1 with each request that starts backed off
 
     def __init__(self) -> None:
         self.rate = 1.0
@@ -182,11 +183,17 @@ class Acceptance:
         if proposed:
             self.rate += self.WEIGHT * (accepted / proposed - self.rate)
 
+    def cold_start(self) -> None:
+        """A request starts backed off. Requests shorter than the back-off never verify, so
+        the rate drifts back up on its own, and one in a few requests probes again."""
+        self.rate += self.DRIFT * (1 - self.rate)
+
 
 def new_state(cfg: SpecConfig, recent: Acceptance | None = None) -> SpecState:
     state = SpecState(NgramIndex(cfg.min_n, cfg.max_n))
     if recent is not None and recent.rate < cfg.min_acceptance:
         state.plain_left = state.next_backoff = cfg.cold_backoff
+        recent.cold_start()
     return state
 
 
@@ -221,7 +228,7 @@ def trim(req, proposal: list[int]) -> list[int]:
 def speculating(sched: Scheduler) -> bool:
     """Whether requests speculate this step: on, and the decode batch small enough."""
     spec = sched.config.speculation
-    if not spec.enabled:
+    if not spec.enabled or (sched.proposer is not None and sched.proposer.disabled):
         return False
     decoding = sum(r.status is RequestStatus.DECODE for r in sched.running.values())
     return decoding <= spec.max_batch

@@ -36,16 +36,31 @@ class DraftModel:
         self.runner = runner
         self.vocab_size = vocab_size
         self.max_tokens = max_tokens
+        self.failures = 0  # in a row; after MAX_FAILURES the draft is disabled
+        self.disabled = False
+
+    MAX_FAILURES = 8
+
+    def failed(self, e: Exception) -> None:
+        """A draft step failed: its pool is rebuilt (every request's draft KV is gone), and
+        after ``MAX_FAILURES`` in a row the draft is switched off for good."""
+        self.failures += 1
+        log.warning("draft model step failed: %s: %s", type(e).__name__, e)
+        if self.failures >= self.MAX_FAILURES and not self.disabled:
+            self.disabled = True
+            log.error("the draft model failed %d times in a row: speculation is off", self.failures)
+        self.runner.reset()
 
     def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None:
         try:
             with mx.stream(self.runner.stream):
-                return self._propose(queries)
+                out = self._propose(queries)
         except Exception as e:  # noqa: BLE001 - a failed draft only costs this step's proposals
-            log.warning("draft model step failed: %s: %s", type(e).__name__, e)
             e.__traceback__ = None
-            self.runner.reset()
+            self.failed(e)
             return None
+        self.failures = 0
+        return out
 
     def _propose(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
         flat, where = self.build(queries)
@@ -59,11 +74,17 @@ class DraftModel:
         runner = self.runner
         # The catch-up chunks and the first proposal of each query that proposes.
         segs = [Segment(q.request_id, q.start, len(q.tokens), q.tokens, q.pages) for q in queries]
-        inputs = mx.array([t for q in queries for t in q.tokens], dtype=mx.int32)
+        # (Ids past the draft's embedding table, which the target's padded vocabulary may
+        # allow, read its last row: only a proposal depends on it.)
+        inputs = mx.minimum(
+            mx.array([t for q in queries for t in q.tokens], dtype=mx.int32), self.embed_rows - 1
+        )
         ends = [sum(len(q.tokens) for q in queries[: i + 1]) - 1 for i in range(len(queries))]
         rows = [i for i, q in enumerate(queries) if q.k > 0]
         head = [ends[i] for i in rows] or [0]
         logits = runner.forward(StepPlan(0, tuple(segs), (), (), _NONE), inputs, head)
+        if not rows:  # only catch-up: nothing to propose (and no argmax of zero rows)
+            return mx.zeros((0,), dtype=mx.int32), [[] for _ in queries]
         tokens = self._argmax(logits[: len(rows)])
         mx.async_eval(tokens)  # the device starts while the host builds the next forward
         steps = [(rows, tokens)]
@@ -89,6 +110,10 @@ class DraftModel:
         parts = [t for _, t in steps]
         flat = parts[0] if len(parts) == 1 else mx.concatenate(parts)
         return flat, where
+
+    @property
+    def embed_rows(self) -> int:
+        return self.runner.vocab_size
 
     def _argmax(self, logits: mx.array) -> mx.array:
         return mx.argmax(logits[:, : self.vocab_size], axis=-1).astype(mx.int32)

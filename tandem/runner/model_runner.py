@@ -310,10 +310,10 @@ class ModelRunner:
         failed = False
         try:
             flat, where = self.draft.build(plan.drafts)  # on the device while we go on
+            self.draft.failures = 0
         except Exception as e:  # noqa: BLE001 - any proposal is exact: placeholders serve
-            log.warning("draft model step failed: %s: %s", type(e).__name__, e)
             e.__traceback__ = None
-            self.draft.runner.reset()
+            self.draft.failed(e)
             where, n = [], 0
             for q in plan.drafts:
                 where.append(list(range(n, n + q.k)))
@@ -329,7 +329,8 @@ class ModelRunner:
                 dst += range(t + 1, t + seg.num_tokens)
                 src += idx
             t += seg.num_tokens
-        inputs[mx.array(dst, dtype=mx.int32)] = flat[mx.array(src, dtype=mx.int32)]
+        if dst:
+            inputs[mx.array(dst, dtype=mx.int32)] = flat[mx.array(src, dtype=mx.int32)]
         proposing = [(q.request_id, w) for q, w in zip(plan.drafts, where, strict=True) if q.k]
         return inputs, (flat, proposing), failed
 

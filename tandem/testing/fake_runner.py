@@ -251,6 +251,7 @@ class FakeDraft:
     calls: int = 0
     fed: int = 0  # catch-up tokens fed
     resets: int = 0
+    disabled: bool = False
 
     def __post_init__(self) -> None:
         self.slots: list[int | None] = [None] * (self.num_pages * self.page_size)

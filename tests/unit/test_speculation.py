@@ -341,8 +341,9 @@ def test_a_failing_draft_in_a_step_costs_proposals_not_tokens():
     got, _ = drive(engine, {0: [("a", prompt, 4, 80), ("b", [1, 2, 3], 1, 60)]})
     assert got == {"a": expected(4, prompt, 80), "b": expected(1, [1, 2, 3], 60)}
     stats = engine.scheduler.stats
+    # The placeholders' verifies count as no proposal, not as rejected proposals.
     assert stats.step_failures == 0 and draft.resets == 2
-    assert 0 < stats.spec_accepted < stats.spec_proposed
+    assert stats.spec_accepted == stats.spec_proposed > 0
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -385,12 +386,22 @@ def test_a_useless_proposer_makes_new_requests_start_backed_off():
     draft.token_fn = lambda seed, h: 999 - copying_token(seed, h) % 7  # never the target's
     sched = engine.scheduler
     verifies = []
-    for i in range(6):
+    for i in range(6):  # (verifies per request read [8, 8, 0, 8, 0, 0] when written)
         before = sched.stats.spec_verifies
         prompt = [3 + i, 4, 5, 6]
         got, _ = drive(engine, {0: [(f"r{i}", prompt, i, 40)]})
         assert got[f"r{i}"] == expected(i, prompt, 40)
         verifies.append(sched.stats.spec_verifies - before)
     assert sched.stats.spec_accepted == 0
-    assert verifies[0] >= 3 and sum(verifies[3:]) == 0, verifies
+    # Later requests mostly start backed off; now and then one probes.
+    assert verifies[0] >= 3 and verifies[2:].count(0) >= 2, verifies
     assert sched.acceptance.rate < sched.config.speculation.min_acceptance
+    # The draft turns good: requests too short to outlast the cold back-off still bring
+    # speculation back (the rate drifts up with each cold start until one probes).
+    draft.token_fn = copying_token
+    for i in range(6, 30):
+        prompt = [3 + i, 4, 5, 6]
+        got, _ = drive(engine, {0: [(f"r{i}", prompt, i, 40)]})
+        assert got[f"r{i}"] == expected(i, prompt, 40)
+    assert sched.stats.spec_accepted > 0
+    assert sched.acceptance.rate > sched.config.speculation.min_acceptance
