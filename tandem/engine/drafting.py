@@ -31,6 +31,7 @@ from tandem.engine import speculation
 from tandem.engine.plan import DraftQuery
 
 if TYPE_CHECKING:
+    from tandem.engine.request import Request
     from tandem.engine.scheduler import Scheduler
 
 log = logging.getLogger("tandem")
@@ -44,6 +45,23 @@ class Proposer(Protocol):
     disabled: bool  # failed too often: no more proposals
 
     def propose(self, queries: Sequence[DraftQuery]) -> list[list[int]] | None: ...
+
+
+def allocate(
+    sched: Scheduler, decodes: list[tuple[Request, int]], proposals: dict[str, list[int]]
+) -> tuple[dict[str, list[int]], list[DraftQuery]]:
+    """Pages for the step's decodes and their proposals, then (with a draft model) the
+    proposals' tokens or the step's draft queries (``draft``)."""
+    kv = sched.kv
+    pages_before = {r.request_id: len(r.pages) for r, _ in decodes}
+    for req, _ in decodes:  # first: a draft writes its proposals' positions
+        short = kv.pages_for(req.num_computed + 1 + len(proposals.get(req.request_id, ())))
+        short -= len(req.pages)
+        if short > 0:
+            req.pages += kv.allocate(short)
+    if sched.proposer is None or not proposals:
+        return proposals, []
+    return draft(sched, proposals, pages_before)
 
 
 def on_host(req) -> bool:

@@ -203,15 +203,7 @@ class Scheduler:
                 req.state_slot = self.state_slots.allocate()
             self.running[req.request_id] = req
         decodes.sort(key=lambda d: (d[1] < 0, d[1]))  # lazy ones first, in the parent's order
-        pages_before = {r.request_id: len(r.pages) for r, _ in decodes}
-        for req, _ in decodes:  # first: a draft writes its proposals' positions
-            n = 1 + len(proposals.get(req.request_id, ()))
-            short = kv.pages_for(req.num_computed + n) - len(req.pages)
-            if short > 0:
-                req.pages += kv.allocate(short)
-        drafts: list[DraftQuery] = []
-        if self.proposer is not None and proposals:
-            proposals, drafts = drafting.draft(self, proposals, pages_before)
+        proposals, drafts = drafting.allocate(self, decodes, proposals)
         draft_of = {q.request_id: i for i, q in enumerate(drafts) if q.k}
         budget -= len(decodes) + sum(len(p) for p in proposals.values())
         segments: list[Segment] = []

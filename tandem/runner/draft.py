@@ -62,6 +62,40 @@ class DraftModel:
         self.failures = 0
         return out
 
+    def feed(
+        self, plan: StepPlan, inputs: mx.array
+    ) -> tuple[mx.array, tuple[mx.array, list[tuple[str, list[int]]]], bool]:
+        """Build the plan's draft queries (lazily, before the target's forward) and write
+        their proposals into the inputs of the verify segments that name them. Returns the
+        inputs, (all proposals, each proposing query's request id and indices) and whether
+        the draft failed: then zeros are proposed (a verify is exact whatever it is fed)."""
+        failed = False
+        try:
+            flat, where = self.build(plan.drafts)  # on the device while the target builds
+            self.failures = 0
+        except Exception as e:  # noqa: BLE001 - any proposal is exact: placeholders serve
+            e.__traceback__ = None
+            self.failed(e)
+            where, n = [], 0
+            for q in plan.drafts:
+                where.append(list(range(n, n + q.k)))
+                n += q.k
+            flat = mx.zeros((n,), dtype=mx.int32)
+            failed = True
+        dst, src = [], []
+        t = 0
+        for seg in plan.segments:
+            if seg.draft >= 0:
+                idx = where[seg.draft]
+                assert len(idx) == seg.num_tokens - 1
+                dst += range(t + 1, t + seg.num_tokens)
+                src += idx
+            t += seg.num_tokens
+        if dst:
+            inputs[mx.array(dst, dtype=mx.int32)] = flat[mx.array(src, dtype=mx.int32)]
+        proposing = [(q.request_id, w) for q, w in zip(plan.drafts, where, strict=True) if q.k]
+        return inputs, (flat, proposing), failed
+
     def _propose(self, queries: Sequence[DraftQuery]) -> list[list[int]]:
         flat, where = self.build(queries)
         mx.eval(flat, *self.runner.pool.arrays())

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -38,7 +37,6 @@ from tandem.runner.state import StatePool
 from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
-log = logging.getLogger("tandem")
 
 
 @dataclass
@@ -249,7 +247,8 @@ class ModelRunner:
             inputs = self._inputs(plan, parent)
             drafted, draft_failed = None, False
             if plan.drafts:
-                inputs, drafted, draft_failed = self._drafts(plan, inputs)
+                assert self.draft is not None, "a plan with draft queries, and no draft model"
+                inputs, drafted, draft_failed = self.draft.feed(plan, inputs)
             sample_idx, prompt_rows = [], []
             t = 0
             for seg in plan.segments:
@@ -299,40 +298,6 @@ class ModelRunner:
                 *self._sample(handle, sampled, sampling, positions, masks), *extra, *self._buffers()
             )
         return handle
-
-    def _drafts(
-        self, plan: StepPlan, inputs: mx.array
-    ) -> tuple[mx.array, tuple[mx.array, list[tuple[str, list[int]]]], bool]:
-        """Run the plan's draft queries (lazily, before the forward) and feed their
-        proposals to the verify segments that name them. If the draft fails, zeros are
-        proposed (a verify is exact whatever it is fed) and the draft's pool is reset."""
-        assert self.draft is not None, "a plan with draft queries, and no draft model"
-        failed = False
-        try:
-            flat, where = self.draft.build(plan.drafts)  # on the device while we go on
-            self.draft.failures = 0
-        except Exception as e:  # noqa: BLE001 - any proposal is exact: placeholders serve
-            e.__traceback__ = None
-            self.draft.failed(e)
-            where, n = [], 0
-            for q in plan.drafts:
-                where.append(list(range(n, n + q.k)))
-                n += q.k
-            flat = mx.zeros((n,), dtype=mx.int32)
-            failed = True
-        dst, src = [], []
-        t = 0
-        for seg in plan.segments:
-            if seg.draft >= 0:
-                idx = where[seg.draft]
-                assert len(idx) == seg.num_tokens - 1
-                dst += range(t + 1, t + seg.num_tokens)
-                src += idx
-            t += seg.num_tokens
-        if dst:
-            inputs[mx.array(dst, dtype=mx.int32)] = flat[mx.array(src, dtype=mx.int32)]
-        proposing = [(q.request_id, w) for q, w in zip(plan.drafts, where, strict=True) if q.k]
-        return inputs, (flat, proposing), failed
 
     def forward(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""

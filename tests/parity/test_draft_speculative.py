@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 from test_mlx_lm_parity import greedy, reference, run_staggered
+from test_speculative import guided_exact, penalized
 
 from tandem import LLM, SamplingParams
 
@@ -83,18 +84,9 @@ def test_sampled_rows_draw_what_plain_decoding_draws(tiny_model_dir):
 
 
 def test_guided_requests_draft_valid_and_exact(tiny_model_dir):
-    from test_guided_model import _batch
 
     path = tiny_model_dir("llama")
-    prompts, params, cases = _batch(seed=5)
-    plain = LLM(str(path)).generate(prompts, params)
-    llm = draft_llm(path, path, speculative_max_batch=64)
-    spec = llm.generate(prompts, params)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    for o, case in zip(spec, cases, strict=True):
-        if case is not None:
-            assert o.finish_reason == "stop" and case.check(o.text), (case.name, o.text)
-    assert llm.engine.scheduler.stats.spec_accepted > 0
+    guided_exact(LLM(str(path)), draft_llm(path, path, speculative_max_batch=64), seed=5)
 
 
 def test_a_draft_with_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
@@ -126,17 +118,7 @@ def test_hybrid_draft_is_refused(tiny_model_dir, family_model_dir):
 def test_penalized_rows_draft_before_the_step_and_match(tiny_model_dir):
     path = tiny_model_dir("llama")
     prompt = [31, 32, 33, 34] * 4
-    params = [
-        SamplingParams(
-            max_tokens=24,
-            temperature=(0, 0.8)[s % 2],
-            seed=s,
-            presence_penalty=0.4,
-            repetition_penalty=(1.0, 1.2)[s % 2],
-            ignore_eos=True,
-        )
-        for s in range(6)
-    ]
+    params = penalized(6, 24)
     plain = LLM(str(path)).generate([prompt] * 6, params)
     llm = draft_llm(path, path)
     spec = llm.generate([prompt] * 6, params)

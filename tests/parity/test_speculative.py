@@ -105,18 +105,13 @@ def test_sampled_rows_draw_what_plain_decoding_draws_for_every_seed(tiny_model_d
     assert len({tuple(o.token_ids) for o in spec}) > 10
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_penalized_rows_speculate_and_match_plain_decoding(tiny_model_dir, overlap):
-    """Presence, frequency and repetition penalties: each verify row counts the proposals
-    before it, so the tokens are plain decoding's (which test_mlx_lm_parity checks against a
-    reference processor)."""
+def penalized(count: int, max_tokens: int) -> list:
+    """Greedy and sampled rows with presence, frequency and repetition penalties."""
     from tandem import SamplingParams
 
-    path = tiny_model_dir("llama")
-    prompt = [31, 32, 33, 34] * 5
-    params = [
+    return [
         SamplingParams(
-            max_tokens=30,
+            max_tokens=max_tokens,
             temperature=(0, 0.8)[s % 2],
             seed=s,
             presence_penalty=(0.0, 0.4)[s % 2],
@@ -124,8 +119,19 @@ def test_penalized_rows_speculate_and_match_plain_decoding(tiny_model_dir, overl
             repetition_penalty=(1.0, 1.2, 1.1)[s % 3],
             ignore_eos=True,
         )
-        for s in range(12)
+        for s in range(count)
     ]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_penalized_rows_speculate_and_match_plain_decoding(tiny_model_dir, overlap):
+    """Presence, frequency and repetition penalties: each verify row counts the proposals
+    before it, so the tokens are plain decoding's (which test_mlx_lm_parity checks against a
+    reference processor)."""
+
+    path = tiny_model_dir("llama")
+    prompt = [31, 32, 33, 34] * 5
+    params = penalized(12, 30)
     plain = LLM(str(path), overlap=overlap).generate([prompt] * 12, params)
     llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=16, **SPEC)
     spec = llm.generate([prompt] * 12, params)
@@ -151,12 +157,18 @@ def test_windowed_sink_and_mla_models_speculate_exactly(family_model_dir, model_
 def test_guided_requests_speculate_valid_and_exact(tiny_model_dir, overlap):
     """JSON schemas, regexes, grammars and choices, greedy and sampled, with unconstrained
     batchmates: with speculation the same tokens as without, every answer valid."""
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=64, **SPEC)
+    guided_exact(LLM(str(path), overlap=overlap), llm, seed=4)
+
+
+def guided_exact(plain_llm: LLM, llm: LLM, seed: int) -> None:
+    """A batch of guided requests (test_guided_model) gives the same tokens on ``llm`` (which
+    speculates) as on ``plain_llm``, every answer valid, and proposals were accepted."""
     from test_guided_model import _batch
 
-    path = tiny_model_dir("llama")
-    prompts, params, cases = _batch(seed=4)
-    plain = LLM(str(path), overlap=overlap).generate(prompts, params)
-    llm = LLM(str(path), overlap=overlap, check_invariants=True, speculative_max_batch=64, **SPEC)
+    prompts, params, cases = _batch(seed=seed)
+    plain = plain_llm.generate(prompts, params)
     spec = llm.generate(prompts, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     for o, case in zip(spec, cases, strict=True):

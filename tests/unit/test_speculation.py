@@ -107,6 +107,30 @@ def drive(engine: Engine, arrivals: dict[int, list[tuple]], aborts: dict[int, st
     return got, reasons
 
 
+def staggered(rng: random.Random) -> tuple[dict[int, list[tuple]], dict[str, tuple]]:
+    """18 requests arriving over 40 steps, a third of them on a shared 13-token prefix:
+    ``drive``'s arrivals, and each request's (prompt, seed, max_tokens)."""
+    shared = [rng.randrange(1000) for _ in range(13)]
+    arrivals: dict[int, list[tuple]] = {}
+    want: dict[str, tuple[list[int], int, int]] = {}
+    for i in range(18):
+        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1000) for _ in range(1 + i % 9)]
+        seed, n = rng.randrange(100), rng.randrange(5, 60)
+        arrivals.setdefault(rng.randrange(40), []).append((f"r{i}", prompt, seed, n))
+        want[f"r{i}"] = (prompt, seed, n)
+    return arrivals, want
+
+
+def check_staggered(got: dict, reasons: dict, want: dict) -> None:
+    """Every request of ``staggered`` produced its expected tokens (a prefix if aborted)."""
+    for rid, (prompt, seed, n) in want.items():
+        full = expected(seed, prompt, n)
+        if reasons[rid] == "abort":
+            assert got[rid] == full[: len(got[rid])], rid
+        else:
+            assert got[rid] == full and reasons[rid] == "length", rid
+
+
 def expected(seed: int, prompt: list[int], n: int) -> list[int]:
     return fake_tokens(seed, prompt, n, copying_token)
 
@@ -138,25 +162,12 @@ def test_off_and_on_give_the_same_tokens(overlap):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_staggered_load_with_hits_aborts_and_page_pressure_is_exact(overlap):
-    rng = random.Random(5)
-    shared = [rng.randrange(1000) for _ in range(13)]
-    arrivals: dict[int, list[tuple]] = {}
-    want: dict[str, tuple[list[int], int, int]] = {}
-    for i in range(18):
-        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1000) for _ in range(1 + i % 9)]
-        seed, n = rng.randrange(100), rng.randrange(5, 60)
-        arrivals.setdefault(rng.randrange(40), []).append((f"r{i}", prompt, seed, n))
-        want[f"r{i}"] = (prompt, seed, n)
+    arrivals, want = staggered(random.Random(5))
     aborts = {12: "r4", 25: "r9"}
     # A small pool: verify pages and retractions compete (48 pages of 4 positions).
     engine, _ = engine_for(overlap, kv_budget_tokens=48 * P, max_num_seqs=6)
     got, reasons = drive(engine, arrivals, aborts)
-    for rid, (prompt, seed, n) in want.items():
-        full = expected(seed, prompt, n)
-        if reasons[rid] == "abort":
-            assert got[rid] == full[: len(got[rid])], rid
-        else:
-            assert got[rid] == full and reasons[rid] == "length", rid
+    check_staggered(got, reasons, want)
     stats = engine.scheduler.stats
     assert stats.spec_accepted > 0 and stats.hit_tokens > 0
     # Everything went back: no page held once all ended.
@@ -296,23 +307,10 @@ def test_a_perfect_draft_is_always_accepted_under_staggered_load(overlap):
     """Staggered arrivals, prefix hits, aborts and a small pool (retractions): exact output,
     and every proposal accepted, so the draft's KV was each request's history every time
     (catch-up after prefills, plain stretches, partial accepts and retractions)."""
-    rng = random.Random(11)
-    shared = [rng.randrange(1000) for _ in range(13)]
-    arrivals: dict[int, list[tuple]] = {}
-    want: dict[str, tuple[list[int], int, int]] = {}
-    for i in range(18):
-        prompt = (shared if i % 3 == 0 else []) + [rng.randrange(1000) for _ in range(1 + i % 9)]
-        seed, n = rng.randrange(100), rng.randrange(5, 60)
-        arrivals.setdefault(rng.randrange(40), []).append((f"r{i}", prompt, seed, n))
-        want[f"r{i}"] = (prompt, seed, n)
+    arrivals, want = staggered(random.Random(11))
     engine, draft = draft_engine(overlap, kv_budget_tokens=28 * P, max_num_seqs=6)
     got, reasons = drive(engine, arrivals, {12: "r4", 25: "r9"})
-    for rid, (prompt, seed, n) in want.items():
-        full = expected(seed, prompt, n)
-        if reasons[rid] == "abort":
-            assert got[rid] == full[: len(got[rid])], rid
-        else:
-            assert got[rid] == full and reasons[rid] == "length", rid
+    check_staggered(got, reasons, want)
     stats = engine.scheduler.stats
     assert stats.spec_proposed > 100 and stats.spec_accepted == stats.spec_proposed
     assert stats.hit_tokens > 0 and stats.retractions > 0
