@@ -53,13 +53,14 @@ def allocate(
     """Pages for the step's decodes and their proposals, then (with a draft model) the
     proposals' tokens or the step's draft queries (``draft``)."""
     kv = sched.kv
-    pages_before = {r.request_id: len(r.pages) for r, _ in decodes}
+    drafting = sched.proposer is not None and bool(proposals)
+    pages_before = {r.request_id: len(r.pages) for r, _ in decodes} if drafting else {}
     for req, _ in decodes:  # first: a draft writes its proposals' positions
         short = kv.pages_for(req.num_computed + 1 + len(proposals.get(req.request_id, ())))
         short -= len(req.pages)
         if short > 0:
             req.pages += kv.allocate(short)
-    if sched.proposer is None or not proposals:
+    if not drafting:
         return proposals, []
     return draft(sched, proposals, pages_before)
 
