@@ -1,4 +1,5 @@
-"""Speculative decoding with n-gram (prompt lookup) proposals, inside continuous batching.
+"""Speculative decoding inside continuous batching: n-gram (prompt lookup) proposals here, a
+draft model's in engine/drafting.py (both verified the same way).
 
 A request in speculation proposes up to K tokens from its own history: the tokens that
 followed the latest earlier occurrence of its last n tokens (n from ``max_n`` down to
