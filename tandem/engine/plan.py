@@ -53,6 +53,14 @@ class Segment:
         return self.parent_row >= 0
 
     @property
+    def later_rows(self) -> range:
+        """A verify segment's sample rows after its first: row ``sample_row + i`` samples
+        after the first ``i`` proposals (empty for any other segment)."""
+        if self.num_samples <= 1:
+            return range(0)
+        return range(self.sample_row + 1, self.sample_row + self.num_samples)
+
+    @property
     def sample_positions(self) -> range:
         """The positions whose logits are sampled (empty for a chunk that samples none)."""
         if self.sample_row < 0:

@@ -30,9 +30,7 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
     # a stop token is an end, not grammar text.
     # (A verify segment's rows consume their accepted run in _verified.)
     verifies = {s.sample_row: s for s in plan.segments if s.num_samples > 1}
-    rest = {
-        r for s in verifies.values() for r in range(s.sample_row + 1, s.sample_row + s.num_samples)
-    }
+    rest = {r for s in verifies.values() for r in s.later_rows}
     accepted: dict[int, bool] = {}
     if plan.sampling.constrained:
         guided = []
@@ -175,13 +173,7 @@ def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | 
     if not rows:
         return None
     masks = np.full((len(rows), words), -1, dtype=np.int32)
-    # A verify segment's row i samples after its first i proposals.
-    drafted = {
-        s.sample_row + i: s
-        for s in plan.segments
-        if s.num_samples > 1
-        for i in range(1, s.num_samples)
-    }
+    drafted = {row: s for s in plan.segments for row in s.later_rows}
     matchers: list[Matcher | None] = []  # rows whose mask is the matcher's as it stands
     owners: list[Matcher | None] = []
     after: dict[int, list[int]] = {}  # a verify segment's first row -> its later rows' masks

@@ -299,8 +299,8 @@ def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
     """Each verify row after the first: the proposals before its position (a penalty counts
     them as output)."""
     return {
-        seg.sample_row + i: seg.token_ids[1 : 1 + i]
+        row: seg.token_ids[1 : 1 + row - seg.sample_row]
         for seg in segments
-        if seg.num_samples > 1 and seg.draft < 0  # (a draft's proposals: not penalized)
-        for i in range(1, seg.num_samples)
+        if seg.draft < 0  # (a draft's proposals are never penalized)
+        for row in seg.later_rows
     }
