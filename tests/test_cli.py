@@ -37,6 +37,17 @@ def test_generate_with_a_wrong_path_names_it_and_fails(tmp_path):
     assert r.returncode == 2 and "nope" in r.stderr and "does not exist" in r.stderr
 
 
+def test_serve_reports_why_the_engine_could_not_load(tiny_model_dir, tmp_path):
+    """A failure inside the engine process at load (here: a draft model that is not there)
+    reaches the terminal with its reason, not only an exit code."""
+    path = str(tiny_model_dir("llama"))
+    missing = str(tmp_path / "no-draft")
+    r = tandem("serve", "--model", path, "--port", "0", "--speculative", "draft",
+               "--draft-model", missing)  # fmt: skip
+    assert r.returncode != 0
+    assert "engine failed to start" in r.stderr and "no-draft" in r.stderr, r.stderr
+
+
 def test_model_source_errors_name_the_path(tmp_path):
     with pytest.raises(ModelSourceError, match="does not exist"):
         resolve_model(tmp_path / "missing")

@@ -35,9 +35,7 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
 
         built = build_engine(EngineConfig(**config_kwargs))
     except Exception as e:  # report the load failure, then exit non-zero
-        outbox.send(pack(["fatal", f"{type(e).__name__}: {e}"]))
-        outbox.close(linger=2000)
-        os._exit(1)
+        _die(ctx, inbox, outbox, f"{type(e).__name__}: {e}")
     engine = built.engine
     outbox.send(
         pack(
@@ -92,14 +90,22 @@ def run_core(config_kwargs: dict[str, Any], in_addr: str, out_addr: str) -> None
             except Exception as e:
                 sys.stderr.write(traceback.format_exc())  # the whole story goes to the log
                 sys.stderr.flush()
-                outbox.send(pack(["fatal", f"engine step failed: {type(e).__name__}: {e}"]))
-                outbox.close(linger=2000)
-                os._exit(1)
+                _die(ctx, inbox, outbox, f"engine step failed: {type(e).__name__}: {e}")
         idle_now = not engine.has_unfinished()
         if outputs or (idle_now and not idle):
             # Also once on going idle: the last release may come a step after the last output.
             outbox.send(pack(["outputs", outputs, _stats(engine)]))
         idle = idle_now
+
+
+def _die(ctx, inbox, outbox, message: str) -> None:
+    """Send the HTTP process the reason, then exit non-zero. The context is terminated first:
+    it waits (up to the linger) until the message is out, which ``os._exit`` alone drops."""
+    outbox.send(pack(["fatal", message]))
+    inbox.close(linger=0)
+    outbox.close(linger=2000)
+    ctx.term()
+    os._exit(1)
 
 
 def _encode(outs) -> list[list[Any]]:

@@ -115,6 +115,10 @@ class EngineClient:
                 return unpack(await self._pull.recv())
             assert self._proc is not None
             if not self._proc.is_alive():
+                # Its last words may still be in flight (a load failure's reason is sent
+                # just before the process exits).
+                if await self._pull.poll(1000):
+                    return unpack(await self._pull.recv())
                 raise RuntimeError(f"engine process exited with code {self._proc.exitcode}")
         raise RuntimeError("engine did not become ready in time")
 
