@@ -193,7 +193,10 @@ class Acceptance:
 def new_state(cfg: SpecConfig, recent: Acceptance | None = None) -> SpecState:
     state = SpecState(NgramIndex(cfg.min_n, cfg.max_n))
     if recent is not None and recent.rate < cfg.min_acceptance:
+        # Backed off from the start, and one failed verify (not ``patience``) after it
+        # backs off again: a probe costs one verify while nothing is being accepted.
         state.plain_left = state.next_backoff = cfg.cold_backoff
+        state.failures = cfg.patience - 1
         recent.cold_start()
     return state
 
