@@ -52,6 +52,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         double_buffer=config.kv_double_buffer,
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
+        inplace_writes=config.kv_inplace_writes,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
@@ -199,6 +200,7 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
         double_buffer=False,
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
+        inplace_writes=config.kv_inplace_writes,
     )
     if runner.recurrent:
         raise ValueError(

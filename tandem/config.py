@@ -27,6 +27,9 @@ class EngineConfig:
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
     # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
+    # KV writes by a kernel into the one buffer set (None: where the kernels exist and pass
+    # their check, i.e. MLX's CUDA backend without the double buffer; False: MLX scatters).
+    kv_inplace_writes: bool | None = None
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None

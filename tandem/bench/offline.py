@@ -313,6 +313,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Tandem's KV double buffering (auto: on with overlap)",
     )
     p.add_argument(
+        "--engine-options",
+        default="{}",
+        help="JSON of more engine options for Tandem, e.g. '{\"kv_inplace_writes\": false}'",
+    )
+    p.add_argument(
         "--ceiling",
         action="store_true",
         help="also run the plain-loop ceiling (mlx-lm's caches, argmax, each step built on "
@@ -345,6 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         opts: dict[str, Any] = {}
         if args.kv_double_buffer != "auto":
             opts["kv_double_buffer"] = args.kv_double_buffer == "on"
+        opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
         results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt, opts)
         if args.ceiling:

@@ -23,21 +23,28 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 PHASES = ("schedule", "build", "submit", "wait", "update", "other", "step")
 
 
-def _count_nodes(arrays) -> int:
+def _count_nodes(arrays) -> dict[str, int]:
+    """Primitives in the graph of ``arrays``, by kind (most first)."""
     import mlx.core as mx
 
     f = io.StringIO()
     mx.export_to_dot(f, *arrays)
-    return f.getvalue().count("shape=rectangle")
+    kinds = Counter(
+        label.split(" ")[0]
+        for label in re.findall(r'label ="([^"]+)", shape=rectangle', f.getvalue())
+    )
+    return dict(kinds.most_common())
 
 
 def profile(
@@ -48,18 +55,23 @@ def profile(
     overlap: bool,
     double_buffer: bool | None = None,
     count_nodes: bool = False,
-) -> dict[str, float]:
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     import tandem.runner.model_runner as mr
     from tandem import LLM, SamplingParams
 
     llm = LLM(
-        str(path), overlap=overlap, max_num_seqs=max(batch, 8), kv_double_buffer=double_buffer
+        str(path),
+        overlap=overlap,
+        max_num_seqs=max(batch, 8),
+        kv_double_buffer=double_buffer,
+        **(options or {}),
     )
     loop = llm.engine.loop
     runner, sched = loop.runner, loop.scheduler
     cur: dict[str, float] = {}
     steady = [False]  # the step's launched plan is B single-token segments
-    nodes: list[int] = []
+    nodes: list[dict[str, int]] = []
     rec: dict[str, list[float]] = {k: [] for k in PHASES}
 
     def timed(name: str, fn):
@@ -120,16 +132,18 @@ def profile(
         llm.generate(prompts[:2], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
         for v in rec.values():
             v.clear()
+        nodes.clear()  # a warm-up step may have been counted (sampled rows)
         t = time.perf_counter()
         llm.generate(prompts, sp)
         total = time.perf_counter() - t
     finally:
         mr.mx.async_eval = real["async_eval"]
-    out: dict[str, float] = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
+    out: dict[str, Any] = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
     out["steady_steps"] = len(rec["step"])
     out["tok_s"] = batch * steps / total
     if nodes:
-        out["nodes"] = nodes[0]
+        out["nodes"] = sum(nodes[0].values())
+        out["node_kinds"] = nodes[0]
     return out
 
 
@@ -147,8 +161,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--single-buffer-too", action="store_true", help="also overlap on with one KV buffer set"
     )
+    p.add_argument("--engine-options", default="{}", help="JSON of more engine options")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
+    options = json.loads(a.engine_options)
     results: dict[str, Any] = {"model": a.model or f"random {a.shape} ({a.dtype})", "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else make_model(a.shape, a.dtype, Path(tmp))
@@ -156,13 +172,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             modes = [(False, None), (True, None)]
             modes += [(True, False)] if a.single_buffer_too else []
             for overlap, double in modes:
-                r = profile(path, b, a.input_len, a.steps, overlap, double, not overlap)
+                r = profile(path, b, a.input_len, a.steps, overlap, double, not overlap, options)
                 name = ("on " if overlap else "off") + (" 1buf" if double is False else "")
                 results["runs"].append({"batch": b, "overlap": name.strip(), **r})
                 cells = "  ".join(f"{k}={r[k]:.2f}" for k in (*PHASES, "tok_s") if k in r) + (
                     f"  nodes={r['nodes']}" if "nodes" in r else ""
                 )
                 print(f"B={b:<4} overlap={name} ms/step: {cells}", flush=True)
+                if "node_kinds" in r:
+                    print("      ", json.dumps(r["node_kinds"]), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return results

@@ -70,9 +70,9 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
     view = cache.ctx.view(cache.spec.window, kernel=sinks is None)
     if cache.ctx.sequence:  # (1, H, n, D) -> (n, H, 1, D) and back
         flat = [x[0].transpose(1, 0, 2)[:, :, None, :] for x in (queries, keys, values)]
-        out = gather_attention(view, *flat, pool, scale, sinks)
+        out = gather_attention(view, *flat, pool, scale, sinks, cache.token)
         return out[:, :, 0, :].transpose(1, 0, 2)[None]
-    return gather_attention(view, queries, keys, values, pool, scale, sinks)
+    return gather_attention(view, queries, keys, values, pool, scale, sinks, cache.token)
 
 
 def gather_attention(
@@ -83,22 +83,25 @@ def gather_attention(
     pool: kv_quant.Buffer,
     scale: float,
     sinks: mx.array | None = None,
+    token: mx.array | None = None,
 ) -> mx.array:
     """``queries`` (T, H, 1, D), the step's fresh ``keys``/``values`` (T, Hkv, 1, D), the
-    layer's pool (slots, 2 Hkv, D: K then V; or its quantized pages) already holding them.
-    Returns (T, H, 1, D). Without the kernel this is the pure-MLX path, and the oracle of
-    every kernel."""
+    layer's pool (slots, 2 Hkv, D: K then V; or its quantized pages) already holding them
+    (``token``: the in-place write the reads wait on, ``runner.kv_write``). Returns
+    (T, H, 1, D). Without the kernel this is the pure-MLX path, and the oracle of every
+    kernel."""
     hkv = keys.shape[1]
     outs = []
     for g in view.decodes:
         q = g.queries(queries)  # (B, H, 1, D)
         if view.kernel:
-            o = kernels.paged_decode(
-                q[:, :, 0, :], pool, g.tables, g.lengths, scale, g.page, g.work
+            outs.append(
+                kernels.paged_decode(
+                    q, pool, g.tables, g.lengths, scale, g.page, g.work, token=token
+                )
             )
-            outs.append(o[:, :, None, :])
             continue
-        x = kv_quant.take_pages(pool, g.tables, g.page, g.longest)  # (B, L, 2 Hkv, D)
+        x = kv_quant.take_pages(pool, g.tables, g.page, g.longest, token)  # (B, L, 2 Hkv, D)
         # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
         k = mx.contiguous(x[:, :, :hkv].transpose(0, 2, 1, 3))  # (B, Hkv, L, D)
         v = mx.contiguous(x[:, :, hkv:].transpose(0, 2, 1, 3))
@@ -114,7 +117,7 @@ def gather_attention(
                 values[c.first : c.first + c.n, :, 0, :],
             )
         else:
-            x = kv_quant.take(pool, c.slots)  # (L, 2 Hkv, D)
+            x = kv_quant.take(pool, c.slots, token)  # (L, 2 Hkv, D)
             k, v = x[:, :hkv], x[:, hkv:]
         k = mx.contiguous(k.transpose(1, 0, 2)[None])
         v = mx.contiguous(v.transpose(1, 0, 2)[None])

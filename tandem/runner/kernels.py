@@ -1,8 +1,9 @@
 """Paged decode attention kernels: one query token per sequence over its own pages.
 
 ``paged_decode(q, pool, tables, lengths, scale, page_size, work)``:
-q (B, H, D); pool (slots, 2 Hkv, D) with K then V per slot; tables (B, max_pages) int32 page
-ids; lengths (B,) int32; ``work`` the step's ``DecodeWork``; returns (B, H, D).
+q (B, H, D) or (B, H, 1, D); pool (slots, 2 Hkv, D) with K then V per slot; tables
+(B, max_pages) int32 page ids; lengths (B,) int32; ``work`` the step's ``DecodeWork``; returns
+q's shape. ``token``: the layer's in-place write this step (``runner.kv_write``), read after.
 
 One thread block per (sequence, chunk of CHUNK keys, query head), for the chunks that hold
 keys only, so a long sequence spreads over many blocks (flash-decoding) while a short one
@@ -29,7 +30,7 @@ import re
 import mlx.core as mx
 import numpy as np
 
-from tandem.runner import kv_quant
+from tandem.runner import kv_quant, kv_write
 
 WARPS = 4
 
@@ -236,9 +237,10 @@ def _source(body: str, dialect: str, split: int | None) -> str:
 
 # Shapes that change from step to step (table width, work items) are inputs, not template
 # parameters: a template value is a new kernel to compile.
-_INPUTS = ["q", "kv_pool", "tables", "lengths", "work", "scale", "dims"]
+# ``token``: unread, it orders the kernel after the layer's in-place KV write.
+_INPUTS = ["q", "kv_pool", "tables", "lengths", "work", "scale", "dims", "token"]
 # Quantized pages (runner/kv_quant.py): packed values, scales and biases instead of the pool.
-_QUANT_INPUTS = ["q", "kv_q", "kv_s", "kv_b", "tables", "lengths", "work", "scale", "dims"]
+_QUANT_INPUTS = ["q", "kv_q", "kv_s", "kv_b", "tables", "lengths", "work", "scale", "dims", "token"]
 CHUNK = 512  # keys per block: a long sequence is split over many blocks (flash-decoding)
 _kernels: dict[tuple[str, bool], object] = {}
 
@@ -315,9 +317,10 @@ def _build(name: str, quantized: bool = False):
 
 class DecodeWork:
     """A decode group's work list, built once per step and shared by every layer: one item per
-    (sequence, chunk holding keys), and each sequence's range of items."""
+    (sequence, chunk holding keys), each sequence's range of items, and the page tables'
+    width (``dims``)."""
 
-    def __init__(self, lengths: list[int] | np.ndarray) -> None:
+    def __init__(self, lengths: list[int] | np.ndarray, width: int | None = None) -> None:
         n = np.asarray(lengths, dtype=np.int64)
         chunks = -(-n // CHUNK)
         offsets = np.concatenate([[0], np.cumsum(chunks)])
@@ -327,6 +330,18 @@ class DecodeWork:
         idx = np.arange(self.num_items) - np.repeat(offsets[:-1], chunks)
         self.items = mx.array(np.stack([rows, idx], axis=1).reshape(-1).astype(np.int32))
         self.offsets = mx.array(offsets.astype(np.int32))
+        self.width = width
+        self.dims = None if width is None else mx.array([width], dtype=mx.int32)
+
+
+_scales: dict[float, mx.array] = {}
+
+
+def _scale(scale: float) -> mx.array:
+    if scale not in _scales:
+        _scales[scale] = mx.array([scale], dtype=mx.float32)
+        mx.eval(_scales[scale])
+    return _scales[scale]
 
 
 def paged_decode(
@@ -338,8 +353,9 @@ def paged_decode(
     page_size: int,
     work: DecodeWork,
     unroll: int = UNROLL,
+    token: mx.array | None = None,
 ) -> mx.array:
-    b, h, d = q.shape
+    b, h, d = q.shape[0], q.shape[1], q.shape[-1]
     quantized = isinstance(pool, kv_quant.QuantizedPages)
     hkv = (pool.entry[0] if quantized else pool.shape[1]) // 2
     template = [
@@ -361,8 +377,9 @@ def paged_decode(
         tables,
         lengths,
         work.items,
-        mx.array([scale], dtype=mx.float32),
-        mx.array([tables.shape[1]], dtype=mx.int32),
+        _scale(scale),
+        work.dims if work.width == tables.shape[1] else mx.array([tables.shape[1]], dtype=mx.int32),
+        kv_write.zero() if token is None else token,
     ]
     threads = (work.num_items * h * 32 * WARPS, 1, 1)
     if not work.split:
@@ -371,7 +388,7 @@ def paged_decode(
             template=template,
             grid=threads,
             threadgroup=(32 * WARPS, 1, 1),
-            output_shapes=[(b, h, d)],
+            output_shapes=[q.shape],
             output_dtypes=[q.dtype],
         )
         return out
@@ -388,7 +405,7 @@ def paged_decode(
         template=[("T", q.dtype), ("H", h), ("D", d)],
         grid=(b * h * d, 1, 1),
         threadgroup=(d, 1, 1),
-        output_shapes=[(b, h, d)],
+        output_shapes=[q.shape],
         output_dtypes=[q.dtype],
     )
     return out

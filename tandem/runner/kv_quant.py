@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from tandem.config import KV_CACHE_DTYPES
+from tandem.runner import kv_write
 
 GROUP_SIZES = (64, 32)  # the first that divides a layer's last axis
 
@@ -93,20 +94,29 @@ def parts(buf: Buffer) -> list[mx.array]:
     return buf.parts() if isinstance(buf, QuantizedPages) else [buf]
 
 
-def take(buf: Buffer, slots: mx.array) -> mx.array:
+def _rows(a: mx.array, idx: mx.array, token: mx.array | None) -> mx.array:
+    """``a[idx]``; after an in-place write ``token`` (``runner.kv_write``) when given."""
+    if token is None:
+        return a[idx]
+    return kv_write.gather(a, idx, token).reshape(*idx.shape, *a.shape[1:])
+
+
+def take(buf: Buffer, slots: mx.array, token: mx.array | None = None) -> mx.array:
     """The entries at ``slots`` (any shape), dequantized: ``slots.shape + entry``."""
     if not isinstance(buf, QuantizedPages):
-        return buf[slots]
-    return buf.decode(*(p[slots] for p in buf.parts()))
+        return _rows(buf, slots, token)
+    return buf.decode(*(_rows(p, slots, token) for p in buf.parts()))
 
 
-def take_pages(buf: Buffer, tables: mx.array, page: int, longest: int) -> mx.array:
+def take_pages(
+    buf: Buffer, tables: mx.array, page: int, longest: int, token: mx.array | None = None
+) -> mx.array:
     """Each row's first ``longest`` positions through its page table (B, max_pages): whole
     pages gathered as contiguous runs, then cut; (B, longest) + entry, dequantized."""
     b = tables.shape[0]
 
     def gather(a: mx.array) -> mx.array:
-        x = a.reshape(a.shape[0] // page, -1)[tables]
+        x = _rows(a.reshape(a.shape[0] // page, -1), tables, token)
         return x.reshape(b, -1, *a.shape[1:])[:, :longest]
 
     if not isinstance(buf, QuantizedPages):

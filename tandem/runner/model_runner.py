@@ -17,6 +17,7 @@ from tandem.runner import (
     attention,
     gated_delta,
     kernel_check,
+    kv_write,
     layers,
     recurrent_step,
     verify,
@@ -82,11 +83,14 @@ class ModelRunner:
         decode_kernel: bool | None = None,
         verify_layers: bool = True,
         kv_quant: KVQuant | None = None,
+        inplace_writes: bool | None = None,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
         overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set.
-        ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py)."""
+        ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py).
+        ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
+        None: where the kernels exist and pass their check, i.e. on CUDA, with one set)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -110,6 +114,7 @@ class ModelRunner:
         # (the CPU backend always gathers). None: decided when the pool is allocated.
         self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
+        self.inplace_writes = inplace_writes
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
@@ -165,6 +170,7 @@ class ModelRunner:
                 page_size,
                 double_buffer=self.double_buffer,
                 quant=self.kv_quant,
+                inplace=self._inplace(),
             )
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, max(1, state_slots))
@@ -188,6 +194,14 @@ class ModelRunner:
                 self.mask_rank = self._dense_mask_rank()
             if self.verify:
                 verify.against_mlx_lm(self, self.model_type)
+
+    def _inplace(self) -> bool:
+        if self.inplace_writes is False or self.double_buffer:
+            return False
+        dtypes = {s.dtype for s in self.specs if not s.unused}
+        if self.kv_quant is not None:
+            dtypes.add(mx.uint32)
+        return bool(dtypes) and all(kv_write.available(t) for t in dtypes)
 
     def _dense_mask_rank(self) -> int:
         """The rank of the padding mask a dense model's attention broadcasts: (T, 1, 1, L)

@@ -14,6 +14,9 @@ so the write would copy the whole buffer (every layer, every step). With ``doubl
 pool keeps two buffer sets and alternates between them step by step: a step writes only into
 its own set and first replays the writes the other set received since (the previous step's
 tokens). That costs 2x KV memory and one extra small scatter per layer, against a full copy.
+On MLX's CUDA backend the copy is avoided in place instead (``inplace``, ``runner.kv_write``):
+a kernel stores the new entries into the one buffer set, and the step's reads of a layer
+take that layer's write token.
 
 The cache objects speak mlx-lm's cache protocol (``offset``, ``update_and_fetch``,
 ``make_mask``), so unmodified mlx-lm model code drives them; paged attention itself is in
@@ -27,7 +30,7 @@ import gc
 import mlx.core as mx
 import numpy as np
 
-from tandem.runner import kv_quant
+from tandem.runner import kv_quant, kv_write
 from tandem.runner.kv_quant import Buffer, KVQuant, QuantizedPages
 from tandem.runner.layers import LayerSpec
 from tandem.runner.step_context import StepContext
@@ -44,8 +47,12 @@ class PagePool:
         *,
         double_buffer: bool,
         quant: KVQuant | None = None,
+        inplace: bool = False,
     ) -> None:
         self.specs = specs
+        self.inplace = inplace and not double_buffer
+        # In place: each layer's latest write this step, which its reads wait on.
+        self._tokens: list[mx.array | None] = [None] * len(specs)
         self.quant = quant
         self.num_pages = num_pages
         self.page_size = page_size
@@ -72,6 +79,7 @@ class PagePool:
         old buffers are released first, so the new ones fit where they were."""
         self.sets = []
         self._step = self._lag = self._keep = None
+        self._tokens = [None] * len(self.specs)
         gc.collect()
         mx.clear_cache()
         for _ in range(self.num_sets):
@@ -97,6 +105,7 @@ class PagePool:
         (a page freed and handed out again after a chain break): MLX leaves the order of
         duplicate scatter indices undefined, so the stale entries are dropped."""
         if self.num_sets == 1:
+            self._tokens = [None] * len(self.specs)
             return
         self.current ^= 1
         lag, self._lag = self._step, None
@@ -112,7 +121,11 @@ class PagePool:
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Scatter (N, heads, dim) keys and values at ``slots`` (N,) of the current set, with
-        the previous step's writes the set missed."""
+        the previous step's writes the set missed. In place, keys and values may keep a
+        singleton axis ((N, heads, 1, dim): the same rows)."""
+        if self.inplace:
+            self._write_inplace(layer, slots, keys, values)
+            return
         if self.specs[layer].dense:
             n = keys.shape[0]
             vals = mx.concatenate([keys.reshape(n, -1), values.reshape(n, -1)], axis=1)
@@ -133,10 +146,29 @@ class PagePool:
         for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
             part[at] = e
 
+    def _write_inplace(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array):
+        buf = self.sets[0][layer]
+        token = self._tokens[layer]
+        if isinstance(buf, QuantizedPages):
+            n = keys.shape[0]
+            vals = mx.concatenate([keys.reshape(n, -1), values.reshape(n, -1)], axis=1)
+            for part, e in zip(buf.parts(), buf.encode(vals), strict=True):
+                token = kv_write.write(part, slots, e, None, token)
+        else:
+            token = kv_write.write(buf, slots, keys, values, token)
+        self._tokens[layer] = token
+
     def layer(self, layer: int) -> Buffer:
         return self.sets[self.current][layer]
 
+    def token(self, layer: int) -> mx.array | None:
+        """What a read of ``layer`` this step waits on (None: no in-place write to wait on)."""
+        return self._tokens[layer]
+
     def arrays(self) -> list[mx.array]:
+        """What a step's submission must include for its writes to happen."""
+        if self.inplace:
+            return [t for t in self._tokens if t is not None]
         return [a for buf in self.sets[self.current] for a in kv_quant.parts(buf)]
 
 
@@ -161,6 +193,8 @@ class PagedCache:
         # the sequence layout.
         if self.ctx.sequence:
             k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)
+        elif self.pool.inplace:  # the kernel reads (T, heads, 1, D) as (T, heads, D) rows
+            k, v = keys, values
         else:
             k, v = keys[:, :, 0, :], values[:, :, 0, :]
         self.pool.write(self.layer, self.ctx.write_slots, k, v)
@@ -169,7 +203,7 @@ class PagedCache:
         s = self.spec
         view = self.ctx.dense(s.window)
         t, width = view.slots.shape
-        x = kv_quant.take(self.pool.layer(self.layer), view.slots)  # (T, L, width)
+        x = kv_quant.take(self.pool.layer(self.layer), view.slots, self.token)  # (T, L, width)
         split = s.k_heads * s.k_dim
         k = x[..., :split].reshape(t, width, s.k_heads, s.k_dim).transpose(0, 2, 1, 3)
         v = x[..., split:].reshape(t, width, s.v_heads, s.v_dim).transpose(0, 2, 1, 3)
@@ -187,6 +221,10 @@ class PagedCache:
     @property
     def state(self) -> Buffer:
         return self.pool.layer(self.layer)
+
+    @property
+    def token(self) -> mx.array | None:
+        return self.pool.token(self.layer)
 
 
 def _entry(spec: LayerSpec) -> tuple[int, ...]:

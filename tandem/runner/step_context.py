@@ -50,7 +50,7 @@ class DecodeGroup:
         self.uniform = min(lengths) == self.longest and self.starts is None
         self.page = page
         self._mask: mx.array | None = None
-        self.work = kernels.DecodeWork(lengths) if kernel else None
+        self.work = kernels.DecodeWork(lengths, tables.shape[1]) if kernel else None
 
     @property
     def mask(self) -> mx.array | None:
@@ -64,6 +64,9 @@ class DecodeGroup:
         return self._mask
 
     def queries(self, queries: mx.array) -> mx.array:
+        n = self.rows.shape[0]
+        if self.contiguous and self.first == 0 and n == queries.shape[0]:
+            return queries
         if self.contiguous:
             return queries[self.first : self.first + self.rows.shape[0]]
         return queries[self.rows]

@@ -1,0 +1,99 @@
+"""In-place KV writes (runner/kv_write.py) against MLX scatters, token for token, on the GPU.
+
+    python scripts/gpu_inplace_check.py [OUT.json]
+
+Tiny float32 models of each attention path (the decode kernel at head dim 64; gathers for
+head dim 16, sliding windows, sinks, MLA rows, recurrent layers), each run with in-place
+writes and without, over staggered requests that share a prefix (prefix hits on the second
+pass), with overlap on and off, chunked prefill and int8 pages. Prints mismatches; a row is
+exact when every output is identical.
+"""
+
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tandem.runner  # noqa: F401
+from tandem import LLM, SamplingParams
+from tandem.testing import families, tiny_models
+
+root = Path(tempfile.mkdtemp())
+models = {
+    "qwen3-hd64": tiny_models.make_random_model(
+        root / "qwen3",
+        "qwen3",
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "vocab_size": 512,
+        },
+        dtype="float32",
+    ),
+    "llama-hd16": tiny_models.make_tiny_model(root / "llama", "llama"),
+}
+for fam in ("gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "falcon_h1"):
+    models[fam] = families.make_family_model(root / fam, fam)
+
+rng = random.Random(0)
+prefix = [rng.randrange(5, 500) for _ in range(40)]
+prompts = [
+    prefix + [rng.randrange(5, 500) for _ in range(rng.randrange(3, 300))] for _ in range(12)
+]
+params = [
+    SamplingParams(max_tokens=rng.randrange(8, 48), temperature=0, ignore_eos=True) for _ in prompts
+]
+configs = {
+    "default": {},
+    "overlap-off": {"overlap": False},
+    "chunked-64": {"max_num_batched_tokens": 64},
+    "int8": {"kv_cache_dtype": "int8"},
+}
+rows = []
+for name, path in models.items():
+    names = list(configs) if name == "qwen3-hd64" else ["default", "chunked-64"]
+    for cname in names:
+        opts = configs[cname]
+        outs, active = {}, {}
+        for inplace in (None, False):
+            t = time.perf_counter()
+            try:
+                llm = LLM(str(path), max_num_seqs=8, kv_inplace_writes=inplace, **opts)
+            except Exception as e:  # noqa: BLE001
+                outs[inplace] = f"load failed: {type(e).__name__}: {e}"
+                continue
+            pool = llm.engine.loop.runner.pool
+            active[inplace] = [pool.inplace, bool(llm.engine.loop.runner.decode_kernel)]
+            got = []
+            for _ in range(2):  # the second pass hits the prefix cache
+                res = llm.generate(prompts, params)
+                got.append([r.token_ids for r in res])
+            outs[inplace] = got
+            del llm
+        a, b = outs.get(None), outs.get(False)
+        if isinstance(a, str) or isinstance(b, str):
+            row = {"model": name, "config": cname, "error": a if isinstance(a, str) else b}
+        else:
+            diff = sum(
+                x != y for pa, pb in zip(a, b, strict=True) for x, y in zip(pa, pb, strict=True)
+            )
+            row = {
+                "model": name,
+                "config": cname,
+                "inplace_active": active[None],
+                "scatter_active": active[False],
+                "mismatched_outputs": diff,
+                "outputs": 2 * len(prompts),
+            }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+if len(sys.argv) > 1:
+    Path(sys.argv[1]).write_text(json.dumps(rows, indent=1))
+bad = [r for r in rows if r.get("mismatched_outputs", 1)]
+print("ALL EXACT" if not bad else f"{len(bad)} rows not exact")

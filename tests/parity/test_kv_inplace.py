@@ -1,0 +1,89 @@
+"""In-place KV writes (runner/kv_write.py) reach every reader of the pool.
+
+The kernels are CUDA's; here ``kv_write`` is replaced by MLX ops with the same contract (the
+write stores rows into the pool buffer the pool keeps, the reads take its token), so the
+wiring is checked on the CPU: the K/V layouts handed to the write (rows with a singleton
+axis, the sequence layout, MLA rows, quantized parts) and every read path (gathers of decode
+groups, windows, sinks, chunks, dense layers) against mlx-lm. On the GPU,
+``scripts/gpu_inplace_check.py`` compares the real kernels with MLX scatters token for token.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+
+from tandem import LLM
+from tandem.runner import kv_write
+from tests.parity.test_mlx_lm_parity import run_staggered
+
+
+def _write(pool, slots, k, v=None, after=None):
+    n = slots.shape[0]
+    rows = (
+        k.reshape(n, -1) if v is None else mx.concatenate([k.reshape(n, -1), v.reshape(n, -1)], 1)
+    )
+    pool[slots] = rows.reshape(n, *pool.shape[1:]).astype(pool.dtype)  # the same array object
+    token = pool.reshape(-1)[:1].astype(mx.int32) * 0  # evaluating it performs the write
+    return token if after is None else token + after
+
+
+def _gather(src, idx, token):
+    assert token is not None and token.dtype == mx.int32
+    return src.reshape(src.shape[0], -1)[idx]
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    monkeypatch.setattr(kv_write, "available", lambda dtype: True)
+    monkeypatch.setattr(kv_write, "write", _write)
+    monkeypatch.setattr(kv_write, "gather", _gather)
+
+
+def _staggered(path, seed: str, **options) -> list:
+    llm = LLM(
+        str(path),
+        kv_double_buffer=False,
+        check_invariants=True,
+        max_num_seqs=32,
+        max_num_batched_tokens=64,
+        kv_page_size=4,
+        **options,
+    )
+    assert llm.engine.loop.runner.pool.inplace
+    return run_staggered(llm, path, random.Random(seed))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_plain_model_in_place_matches_mlx_lm(emulated, tiny_model_dir, overlap):
+    _staggered(tiny_model_dir("llama"), "llama", overlap=overlap)
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next"])
+def test_families_in_place_match_mlx_lm(emulated, family_model_dir, model_type):
+    """Windows and sinks (gathers), MLA rows (dense layers), recurrent models (the sequence
+    layout: several model calls per step, each writing the pool)."""
+    _staggered(family_model_dir(model_type), model_type)
+
+
+def test_quantized_pages_in_place_equal_scatters(emulated, monkeypatch, tiny_model_dir):
+    """int8 pages: the three parts written in place give what scatters give."""
+    path = tiny_model_dir("qwen3")
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(5, 60))] for _ in range(10)]
+    from tests.parity.test_mlx_lm_parity import greedy
+
+    outs = []
+    for inplace in (True, False):
+        llm = LLM(
+            str(path),
+            kv_cache_dtype="int8",
+            kv_double_buffer=False,
+            kv_inplace_writes=inplace,
+            max_num_batched_tokens=64,
+        )
+        assert llm.engine.loop.runner.pool.inplace == inplace
+        outs.append([o.token_ids for o in llm.generate(prompts, greedy(20))])
+    assert outs[0] == outs[1]
