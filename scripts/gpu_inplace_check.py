@@ -13,7 +13,6 @@ import json
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import tandem.runner  # noqa: F401
@@ -54,27 +53,34 @@ configs = {
     "overlap-off": {"overlap": False},
     "chunked-64": {"max_num_batched_tokens": 64},
     "int8": {"kv_cache_dtype": "int8"},
+    # Compiled decode steps (runner/static_decode.py) against uncompiled scatters.
+    "compiled": {"compile_decode": True},
+    "compiled-overlap-off": {"compile_decode": True, "overlap": False},
 }
+failures = 0
 rows = []
 for name, path in models.items():
-    names = list(configs) if name == "qwen3-hd64" else ["default", "chunked-64"]
+    names = list(configs) if name == "qwen3-hd64" else ["default", "chunked-64", "compiled"]
     for cname in names:
         opts = configs[cname]
         outs, active = {}, {}
         for inplace in (None, False):
-            t = time.perf_counter()
+            o = dict(opts) if inplace is None else {**opts, "compile_decode": False}
             try:
-                llm = LLM(str(path), max_num_seqs=8, kv_inplace_writes=inplace, **opts)
+                llm = LLM(str(path), max_num_seqs=8, kv_inplace_writes=inplace, **o)
             except Exception as e:  # noqa: BLE001
                 outs[inplace] = f"load failed: {type(e).__name__}: {e}"
                 continue
-            pool = llm.engine.loop.runner.pool
-            active[inplace] = [pool.inplace, bool(llm.engine.loop.runner.decode_kernel)]
+            runner = llm.engine.loop.runner
+            active[inplace] = [runner.pool.inplace, bool(runner.decode_kernel), runner.static]
             got = []
             for _ in range(2):  # the second pass hits the prefix cache
                 res = llm.generate(prompts, params)
                 got.append([r.token_ids for r in res])
             outs[inplace] = got
+            failures += llm.engine.scheduler.stats.step_failures
+            if runner.static is not None:
+                active[inplace][2] = [runner.static.traces, runner.static.replays]
             del llm
         a, b = outs.get(None), outs.get(False)
         if isinstance(a, str) or isinstance(b, str):
@@ -96,4 +102,4 @@ for name, path in models.items():
 if len(sys.argv) > 1:
     Path(sys.argv[1]).write_text(json.dumps(rows, indent=1))
 bad = [r for r in rows if r.get("mismatched_outputs", 1)]
-print("ALL EXACT" if not bad else f"{len(bad)} rows not exact")
+print("ALL EXACT" if not bad else f"{len(bad)} rows not exact", f"(failed steps: {failures})")

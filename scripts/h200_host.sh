@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 16 on the H200: in-place KV writes checked token for token, then where a decode step's
-# host time goes on the Qwen3-8B shape with and without them. After staging
+# host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline" bash scripts/h200_host.sh DIR
 set -u
@@ -18,16 +18,18 @@ for part in $parts; do
     grep -v "^\[transformers\]" "$out/inplace_check.log" | tail -25 ;;
   profile)
     model
-    for o in on off; do
+    for o in on off compiled; do
       opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
+      [ $o = compiled ] && opt='{"compile_decode": true}'
       timeout 300 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,16 \
         --input-len 128 --steps 128 --engine-options "$opt" --json "$out/profile-8b-inplace-$o.json" \
         2>&1 | grep -v "^\[transformers\]" | cut -c1-700
     done ;;
   offline)
     model
-    for o in on off; do
+    for o in compiled on off; do
       opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
+      [ $o = compiled ] && opt='{"compile_decode": true}'
       timeout 280 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes 16,64 \
         --input-len 128 --output-len 128 --single-tokens 256 --repeats 2 --overlap-batch 0 \
         --engine-options "$opt" --json "$out/offline-8b-inplace-$o.json" 2>&1 | grep -v "^\[transformers\]" | tail -8

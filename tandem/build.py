@@ -53,6 +53,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
         inplace_writes=config.kv_inplace_writes,
+        compile_decode=config.compile_decode,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)

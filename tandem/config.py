@@ -30,6 +30,10 @@ class EngineConfig:
     # KV writes by a kernel into the one buffer set (None: where the kernels exist and pass
     # their check, i.e. MLX's CUDA backend without the double buffer; False: MLX scatters).
     kv_inplace_writes: bool | None = None
+    # Steady decode steps (single-token rows only) replay an mx.compile trace of the model
+    # instead of building its graph in Python (runner/static_decode.py); full-attention
+    # models on float pages with one KV buffer set.
+    compile_decode: bool = False
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None

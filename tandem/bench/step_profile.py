@@ -60,13 +60,8 @@ def profile(
     import tandem.runner.model_runner as mr
     from tandem import LLM, SamplingParams
 
-    llm = LLM(
-        str(path),
-        overlap=overlap,
-        max_num_seqs=max(batch, 8),
-        kv_double_buffer=double_buffer,
-        **(options or {}),
-    )
+    options = {"kv_double_buffer": double_buffer, **(options or {})}
+    llm = LLM(str(path), overlap=overlap, max_num_seqs=max(batch, 8), **options)
     loop = llm.engine.loop
     runner, sched = loop.runner, loop.scheduler
     cur: dict[str, float] = {}

@@ -35,6 +35,7 @@ from tandem.runner.sampler import (
     token_logprobs,
 )
 from tandem.runner.state import StatePool
+from tandem.runner.static_decode import StaticDecode
 from tandem.runner.step_context import StepContext
 
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
@@ -84,13 +85,16 @@ class ModelRunner:
         verify_layers: bool = True,
         kv_quant: KVQuant | None = None,
         inplace_writes: bool | None = None,
+        compile_decode: bool = False,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
         overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set.
         ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py).
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
-        None: where the kernels exist and pass their check, i.e. on CUDA, with one set)."""
+        None: where the kernels exist and pass their check, i.e. on CUDA, with one set).
+        ``compile_decode``: steady decode steps through ``mx.compile`` where the model allows
+        (runner/static_decode.py)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -115,6 +119,8 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
+        self.compile_decode = compile_decode
+        self.static: StaticDecode | None = None
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None
         self.words = words_for(self.vocab_size)
@@ -192,6 +198,8 @@ class ModelRunner:
                 )
             if self.dense:
                 self.mask_rank = self._dense_mask_rank()
+            if self.compile_decode and StaticDecode.eligible(self):
+                self.static = StaticDecode(self)
             if self.verify:
                 verify.against_mlx_lm(self, self.model_type)
 
@@ -243,6 +251,8 @@ class ModelRunner:
             self.pool.reset()
             if self.state_pool is not None:
                 self.state_pool.reset()
+            if self.static is not None:
+                self.static.reset()
         if self.draft is not None:
             self.draft.runner.reset()
 
@@ -317,6 +327,8 @@ class ModelRunner:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
         assert self.pool is not None
         if self.state_pool is None:
+            if self.static is not None and self.static.applies(plan.segments, head):
+                return self.static.forward(plan.segments, inputs)
             ctx = self.context(plan.segments)
             self.pool.begin_step(ctx.host_write_slots, ctx.write_slots)
             return self.call(ctx, inputs[:, None], head)

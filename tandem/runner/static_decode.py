@@ -1,0 +1,166 @@
+"""Steady decode steps through ``mx.compile``: the model's graph traced once per shape.
+
+On MLX's CUDA backend a decode step is host-bound: building the model's graph in Python
+(every layer's modules, our cache objects and seam) costs about as much as submitting it.
+A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
+to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
+prompt log-probabilities or draft), on models whose layers are all full attention on float
+pages (no windows, MLA rows, recurrent state or quantized pages).
+
+Everything the graph depends on is an input array or fixed by the input shapes, so a replay
+is the step it stands for: token ids, positions, write slots, page tables (width rounded up
+to ``WIDTH_STEP`` pages, so a row growing by a page rarely makes a new shape), lengths and the
+decode kernel's work list. A new shape is a new trace (Python once more, then replays).
+
+The pool's buffers: with in-place writes (``runner.kv_write``) they are constants of the
+trace, written by kernels and never replaced, and the step returns the layers' write tokens;
+otherwise (the CPU, scatters) they are inputs and the step returns the new buffers, which
+replace them. Either way the pool is the one after the step, as the uncompiled path leaves it.
+``reset`` (a recreated pool) drops the traces.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+
+from tandem.engine.plan import Segment
+from tandem.runner import kernels
+from tandem.runner.step_context import AttnView
+
+WIDTH_STEP = 8  # page-table width granularity, in pages
+MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
+
+
+class _Group:
+    """The step's one decode group (``step_context.DecodeGroup``'s role): every row, in
+    order, over its page table. The gather path reads whole tables under a mask."""
+
+    def __init__(self, tables, lengths, work, page: int, kernel: bool) -> None:
+        self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
+        self.starts = None
+        self.longest = tables.shape[1] * page
+        self.mask = None
+        if not kernel:
+            cols = mx.arange(self.longest, dtype=mx.int32)[None]
+            self.mask = (cols < lengths[:, None])[:, None, None, :]
+
+    def queries(self, queries: mx.array) -> mx.array:
+        return queries
+
+
+class _Context:
+    """What ``PagedCache`` and the attention seam read of a step (``StepContext``'s role)."""
+
+    sequence = False
+    mask_rank = 4
+
+    def __init__(self, positions, write_slots, group: _Group, kernel: bool) -> None:
+        self.positions, self.write_slots = positions, write_slots
+        self._view = AttnView([group], [], None, kernel)
+        self._plain = AttnView([group], [], None, False)
+
+    def view(self, window: int | None, kernel: bool) -> AttnView:
+        assert window is None, "windowed layers are not compiled"
+        return self._view if kernel else self._plain
+
+
+class StaticDecode:
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self._fn = None
+        self._shapes: set[tuple] = set()
+        self.traces = 0  # how often the Python model ran (tests, benchmarks)
+        self.replays = 0  # compiled steps
+
+    @staticmethod
+    def eligible(runner) -> bool:
+        pool = runner.pool
+        return (
+            not runner.state_specs
+            and pool is not None
+            and pool.num_sets == 1
+            and runner.kv_quant is None
+            and all(not (s.dense or s.unused) and s.window is None for s in runner.specs)
+        )
+
+    def reset(self) -> None:
+        self._fn = None
+        self._shapes.clear()
+
+    def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
+        return all(s.num_tokens == 1 and s.draft < 0 for s in segments) and head == list(
+            range(len(segments))
+        )
+
+    def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
+        """The logits of every row, (T, vocab)."""
+        r = self.runner
+        pool = r.pool
+        p = pool.page_size
+        n = len(segments)
+        starts = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
+        used = starts // p + 1
+        width = -(-int(used.max()) // WIDTH_STEP) * WIDTH_STEP
+        tables = np.zeros((n, width), dtype=np.int32)
+        for i, s in enumerate(segments):
+            tables[i, : used[i]] = s.pages[: used[i]]
+        slots = tables[np.arange(n), starts // p] * p + (starts % p)
+        lengths = starts + 1
+        work = kernels.DecodeWork(lengths, width)
+        shape = (n, width, work.num_items)
+        if self._fn is None or (shape not in self._shapes and len(self._shapes) >= MAX_SHAPES):
+            self._fn = mx.compile(self._body)
+            self._shapes.clear()
+        self._shapes.add(shape)
+        bufs = [] if pool.inplace else list(pool.sets[0])
+        self.replays += 1
+        outs = self._fn(
+            inputs,
+            mx.array(starts.astype(np.int32)),
+            mx.array(slots.astype(np.int32)),
+            mx.array(tables),
+            mx.array(lengths.astype(np.int32)),
+            work.items,
+            work.offsets,
+            work.dims,
+            *bufs,
+        )
+        written = list(outs[1:])
+        if pool.inplace:
+            pool._tokens = written
+        else:
+            pool.sets[0] = written
+        return outs[0]
+
+    def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *bufs):
+        r = self.runner
+        pool = r.pool
+        saved = pool.sets[0]
+        if not pool.inplace:
+            pool.sets[0] = list(bufs)
+        try:
+            kernel = bool(r.decode_kernel)
+            num_items = items.shape[0] // 2
+            work = SimpleNamespace(
+                items=items,
+                offsets=offsets,
+                dims=dims,
+                width=tables.shape[1],
+                num_items=num_items,
+                split=num_items > tables.shape[0],
+            )
+            group = _Group(tables, lengths, work, pool.page_size, kernel)
+            ctx = _Context(positions, slots, group, kernel)
+            pool._tokens = [None] * len(pool.specs)
+            logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
+            self.traces += 1
+            if pool.inplace:
+                written = [t if t is not None else kernels.kv_write.zero() for t in pool._tokens]
+            else:
+                written = list(pool.sets[0])
+        finally:
+            pool.sets[0] = saved
+        return (logits, *written)

@@ -1,0 +1,60 @@
+"""Compiled decode steps (runner/static_decode.py): a replayed trace is the step it stands for.
+
+On the CPU the pool's buffers go through the compiled step as inputs and outputs (scatters);
+on CUDA they are written in place (scripts/gpu_inplace_check.py runs that path against the
+uncompiled one)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem import LLM
+from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
+
+
+def _llm(path, **options) -> LLM:
+    return LLM(
+        str(path),
+        compile_decode=True,
+        kv_double_buffer=False,
+        check_invariants=True,
+        max_num_seqs=32,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_staggered_requests_compiled_match_mlx_lm(tiny_model_dir, arch, overlap):
+    """Rows joining and leaving (new shapes), stops, aborts, prefix hits, chunked prompts."""
+    path = tiny_model_dir(arch)
+    llm = _llm(path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4)
+    static = llm.engine.loop.runner.static
+    assert static is not None
+    run_staggered(llm, path, random.Random(arch))
+    assert static.traces > 0
+    assert static.replays > static.traces  # most steady steps replayed a trace
+
+
+def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
+    """Page tables grow by WIDTH_STEP pages at a time, so 300 tokens at pages of 4 positions
+    (75 pages) take a handful of traces, and every token equals mlx-lm's."""
+    path = tiny_model_dir("qwen3")
+    llm = _llm(path, kv_page_size=4)
+    prompt = [7, 3, 99, 250, 14]
+    out = llm.generate([prompt], greedy(300))[0]
+    assert out.token_ids == reference(path, prompt, 300)
+    static = llm.engine.loop.runner.static
+    assert 1 <= static.traces <= 10
+    assert static.replays >= 290
+
+
+def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_model_dir):
+    for t in ("gemma3_text", "deepseek_v3", "qwen3_next"):  # windows, MLA rows, recurrent
+        assert _llm(family_model_dir(t)).engine.loop.runner.static is None
+    assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
+    # Two buffer sets: the replay of the other set's writes is the uncompiled path's.
+    llm = LLM(str(tiny_model_dir("qwen3")), compile_decode=True, kv_double_buffer=True)
+    assert llm.engine.loop.runner.static is None
