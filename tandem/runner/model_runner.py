@@ -198,10 +198,10 @@ class ModelRunner:
                 )
             if self.dense:
                 self.mask_rank = self._dense_mask_rank()
+            if self.verify:  # uncompiled: a trace would keep its scratch pool
+                verify.against_mlx_lm(self, self.model_type)
             if self.compile_decode and StaticDecode.eligible(self):
                 self.static = StaticDecode(self)
-            if self.verify:
-                verify.against_mlx_lm(self, self.model_type)
 
     def _inplace(self) -> bool:
         if self.inplace_writes is False or self.double_buffer:
@@ -248,11 +248,11 @@ class ModelRunner:
             self.pool.sets = []
             if self.state_pool is not None:
                 self.state_pool.bufs = []
+            if self.static is not None:  # its traces hold the old buffers as constants
+                self.static.reset()
             self.pool.reset()
             if self.state_pool is not None:
                 self.state_pool.reset()
-            if self.static is not None:
-                self.static.reset()
         if self.draft is not None:
             self.draft.runner.reset()
 

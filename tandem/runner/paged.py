@@ -51,7 +51,8 @@ class PagePool:
     ) -> None:
         self.specs = specs
         self.inplace = inplace and not double_buffer
-        # In place: each layer's latest write this step, which its reads wait on.
+        # In place: each layer's latest write, which its reads wait on; it depends on every
+        # earlier write of the layer (a chain, evaluated with each submission).
         self._tokens: list[mx.array | None] = [None] * len(specs)
         self.quant = quant
         self.num_pages = num_pages
@@ -105,7 +106,9 @@ class PagePool:
         (a page freed and handed out again after a chain break): MLX leaves the order of
         duplicate scatter indices undefined, so the stale entries are dropped."""
         if self.num_sets == 1:
-            self._tokens = [None] * len(self.specs)
+            # In place, a layer's writes stay chained across steps (each takes the last
+            # one's token): what a submission evaluates covers every write since the last
+            # one, also those of forwards nothing read (a draft's catch-up chunk).
             return
         self.current ^= 1
         lag, self._lag = self._step, None
@@ -162,7 +165,7 @@ class PagePool:
         return self.sets[self.current][layer]
 
     def token(self, layer: int) -> mx.array | None:
-        """What a read of ``layer`` this step waits on (None: no in-place write to wait on)."""
+        """What a read of ``layer`` waits on (None: no in-place write to wait on)."""
         return self._tokens[layer]
 
     def arrays(self) -> list[mx.array]:

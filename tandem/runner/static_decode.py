@@ -13,7 +13,8 @@ to ``WIDTH_STEP`` pages, so a row growing by a page rarely makes a new shape), l
 decode kernel's work list. A new shape is a new trace (Python once more, then replays).
 
 The pool's buffers: with in-place writes (``runner.kv_write``) they are constants of the
-trace, written by kernels and never replaced, and the step returns the layers' write tokens;
+trace, written by kernels and never replaced; the step takes the layers' last write tokens
+and returns the new ones (the chain of ``runner.paged``);
 otherwise (the CPU, scatters) they are inputs and the step returns the new buffers, which
 replace them. Either way the pool is the one after the step, as the uncompiled path leaves it.
 ``reset`` (a recreated pool) drops the traces.
@@ -38,14 +39,13 @@ class _Group:
     """The step's one decode group (``step_context.DecodeGroup``'s role): every row, in
     order, over its page table. The gather path reads whole tables under a mask."""
 
-    def __init__(self, tables, lengths, work, page: int, kernel: bool) -> None:
+    def __init__(self, tables, lengths, work, page: int) -> None:
         self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
         self.starts = None
         self.longest = tables.shape[1] * page
-        self.mask = None
-        if not kernel:
-            cols = mx.arange(self.longest, dtype=mx.int32)[None]
-            self.mask = (cols < lengths[:, None])[:, None, None, :]
+        # Gathers read whole tables (also with the kernel on: layers with attention sinks).
+        cols = mx.arange(self.longest, dtype=mx.int32)[None]
+        self.mask = (cols < lengths[:, None])[:, None, None, :]
 
     def queries(self, queries: mx.array) -> mx.array:
         return queries
@@ -73,7 +73,7 @@ class StaticDecode:
         self._fn = None
         self._shapes: set[tuple] = set()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
-        self.replays = 0  # compiled steps
+        self.replays = 0  # compiled steps that replayed a trace
 
     @staticmethod
     def eligible(runner) -> bool:
@@ -115,8 +115,13 @@ class StaticDecode:
             self._fn = mx.compile(self._body)
             self._shapes.clear()
         self._shapes.add(shape)
-        bufs = [] if pool.inplace else list(pool.sets[0])
-        self.replays += 1
+        # In place: the layers' last write tokens, which this step's writes chain onto
+        # (runner/paged.py); otherwise the buffers themselves.
+        if pool.inplace:
+            bufs = [kernels.kv_write.zero() if t is None else t for t in pool._tokens]
+        else:
+            bufs = list(pool.sets[0])
+        traces = self.traces
         outs = self._fn(
             inputs,
             mx.array(starts.astype(np.int32)),
@@ -128,6 +133,7 @@ class StaticDecode:
             work.dims,
             *bufs,
         )
+        self.replays += self.traces == traces
         written = list(outs[1:])
         if pool.inplace:
             pool._tokens = written
@@ -138,8 +144,10 @@ class StaticDecode:
     def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *bufs):
         r = self.runner
         pool = r.pool
-        saved = pool.sets[0]
-        if not pool.inplace:
+        saved, saved_tokens = pool.sets[0], pool._tokens
+        if pool.inplace:
+            pool._tokens = list(bufs)
+        else:
             pool.sets[0] = list(bufs)
         try:
             kernel = bool(r.decode_kernel)
@@ -152,15 +160,11 @@ class StaticDecode:
                 num_items=num_items,
                 split=num_items > tables.shape[0],
             )
-            group = _Group(tables, lengths, work, pool.page_size, kernel)
+            group = _Group(tables, lengths, work, pool.page_size)
             ctx = _Context(positions, slots, group, kernel)
-            pool._tokens = [None] * len(pool.specs)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
             self.traces += 1
-            if pool.inplace:
-                written = [t if t is not None else kernels.kv_write.zero() for t in pool._tokens]
-            else:
-                written = list(pool.sets[0])
-        finally:
-            pool.sets[0] = saved
+            written = list(pool._tokens) if pool.inplace else list(pool.sets[0])
+        finally:  # the caller stores what the step returns; no tracer stays behind
+            pool.sets[0], pool._tokens = saved, saved_tokens
         return (logits, *written)

@@ -60,7 +60,10 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     pages_a, pages_b = (0, 1, 2), (3, 4)
     recurrent = bool(runner.state_specs)
     saved = runner.pool, runner.state_pool
-    runner.pool = PagePool(runner.specs, 7, PAGE, double_buffer=False)
+    # The real pool's write path (in place or scatters) on a scratch pool.
+    runner.pool = PagePool(
+        runner.specs, 7, PAGE, double_buffer=False, inplace=bool(saved[0] and saved[0].inplace)
+    )
     # Slots: a, b, the request resuming from a's snapshot, the snapshot.
     runner.state_pool = StatePool(runner.state_specs, 4) if recurrent else None
     none = RowSampling((), (), (), ())

@@ -1,11 +1,14 @@
 """In-place KV writes (runner/kv_write.py) reach every reader of the pool.
 
-The kernels are CUDA's; here ``kv_write`` is replaced by MLX ops with the same contract (the
-write stores rows into the pool buffer the pool keeps, the reads take its token), so the
-wiring is checked on the CPU: the K/V layouts handed to the write (rows with a singleton
-axis, the sequence layout, MLA rows, quantized parts) and every read path (gathers of decode
-groups, windows, sinks, chunks, dense layers) against mlx-lm. On the GPU,
-``scripts/gpu_inplace_check.py`` compares the real kernels with MLX scatters token for token.
+The kernels are CUDA's; here ``kv_write`` is replaced by MLX ops with the same contract, so
+the wiring is checked on the CPU: the K/V layouts handed to the write (rows with a singleton
+axis, the sequence layout, MLA rows) and every read path (gathers of decode groups, windows,
+sinks, chunks, dense layers) against mlx-lm. The stand-in never changes the pool array (MLX
+never sees the kernel's write either): the token it returns *is* the buffer after the write
+and every write chained before it, and a read sees exactly what its token carries. So a
+write left out of a layer's chain — one no submission would evaluate on the GPU — is a write
+the readers miss here. On the GPU, ``scripts/gpu_inplace_check.py`` compares the real kernels
+with MLX scatters token for token.
 """
 
 from __future__ import annotations
@@ -17,22 +20,23 @@ import pytest
 
 from tandem import LLM
 from tandem.runner import kv_write
-from tests.parity.test_mlx_lm_parity import run_staggered
+from tests.parity.test_mlx_lm_parity import greedy, run_staggered
 
 
 def _write(pool, slots, k, v=None, after=None):
     n = slots.shape[0]
-    rows = (
-        k.reshape(n, -1) if v is None else mx.concatenate([k.reshape(n, -1), v.reshape(n, -1)], 1)
-    )
-    pool[slots] = rows.reshape(n, *pool.shape[1:]).astype(pool.dtype)  # the same array object
-    token = pool.reshape(-1)[:1].astype(mx.int32) * 0  # evaluating it performs the write
-    return token if after is None else token + after
+    rows = k.reshape(n, -1)
+    if v is not None:
+        rows = mx.concatenate([rows, v.reshape(n, -1)], axis=1)
+    assert after is None or after.shape == pool.shape, "one chain per buffer"
+    new = (pool if after is None else after) + 0  # a new array: the pool stays as it is
+    new[slots] = rows.reshape(n, *pool.shape[1:]).astype(pool.dtype)
+    return new
 
 
 def _gather(src, idx, token):
-    assert token is not None and token.dtype == mx.int32
-    return src.reshape(src.shape[0], -1)[idx]
+    assert token is not None and token.size == src.size
+    return token.reshape(src.shape[0], -1)[idx]
 
 
 @pytest.fixture
@@ -68,13 +72,43 @@ def test_families_in_place_match_mlx_lm(emulated, family_model_dir, model_type):
     _staggered(family_model_dir(model_type), model_type)
 
 
-def test_quantized_pages_in_place_equal_scatters(emulated, monkeypatch, tiny_model_dir):
-    """int8 pages: the three parts written in place give what scatters give."""
+def test_self_draft_in_place_is_accepted(emulated, tiny_model_dir):
+    """The draft's forwards of a round (catch-up chunk, then k steps) each write its pool;
+    the first chunk is read by nothing in its own forward, so only the chain carries it
+    into what the round's submission evaluates. A lost chunk shows as rejected proposals."""
+    from tests.parity.test_draft_speculative import draft_llm
+
+    path = tiny_model_dir("llama")
+    llm = draft_llm(path, path, kv_page_size=4, max_num_seqs=32, kv_double_buffer=False)
+    assert llm.engine.loop.runner.draft.runner.pool.inplace
+    run_staggered(llm, path, random.Random("draft-inplace"))
+    stats = llm.engine.scheduler.stats
+    assert stats.spec_proposed > 50
+    assert stats.spec_accepted >= 0.97 * stats.spec_proposed
+
+
+def test_quantized_pages_in_place_equal_scatters(monkeypatch, tiny_model_dir):
+    """int8 pages: the three parts (values, scales, biases) written by one chain per layer.
+    This stand-in stores into the part arrays themselves (the chain's tokens order the
+    parts, they cannot carry three buffers), so it checks the layouts, not the chain."""
+
+    def write(pool, slots, k, v=None, after=None):
+        n = slots.shape[0]
+        rows = (
+            k.reshape(n, -1)
+            if v is None
+            else mx.concatenate([k.reshape(n, -1), v.reshape(n, -1)], 1)
+        )
+        pool[slots] = rows.reshape(n, *pool.shape[1:]).astype(pool.dtype)
+        token = pool.reshape(-1)[:1].astype(mx.int32) * 0
+        return token if after is None else token + after
+
+    monkeypatch.setattr(kv_write, "available", lambda dtype: True)
+    monkeypatch.setattr(kv_write, "write", write)
+    monkeypatch.setattr(kv_write, "gather", lambda src, idx, t: src.reshape(src.shape[0], -1)[idx])
     path = tiny_model_dir("qwen3")
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(5, 60))] for _ in range(10)]
-    from tests.parity.test_mlx_lm_parity import greedy
-
     outs = []
     for inplace in (True, False):
         llm = LLM(

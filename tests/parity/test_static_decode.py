@@ -48,7 +48,7 @@ def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
     assert out.token_ids == reference(path, prompt, 300)
     static = llm.engine.loop.runner.static
     assert 1 <= static.traces <= 10
-    assert static.replays >= 290
+    assert static.replays >= 280
 
 
 def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_model_dir):
