@@ -9,10 +9,9 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import ArraysCache
 
 from tandem.engine.grammar import words_for
-from tandem.engine.plan import Segment, StepPlan, StepResult
+from tandem.engine.plan import StepPlan, StepResult
 from tandem.runner import (
     attention,
     gated_delta,
@@ -197,7 +196,7 @@ class ModelRunner:
                     and all(kernel_check.available(d, heads, hkv, t, q) for d, hkv, t, q in full)
                 )
             if self.dense:
-                self.mask_rank = self._dense_mask_rank()
+                self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool
                 verify.against_mlx_lm(self, self.model_type)
             if self.compile_decode and StaticDecode.eligible(self):
@@ -210,34 +209,6 @@ class ModelRunner:
         if self.kv_quant is not None:
             dtypes.add(mx.uint32)
         return bool(dtypes) and all(kv_write.available(t) for t in dtypes)
-
-    def _dense_mask_rank(self) -> int:
-        """The rank of the padding mask a dense model's attention broadcasts: (T, 1, 1, L)
-        as mlx-lm builds it, or (T, 1, 1, 1, L) for models that split query heads into
-        (kv heads, repeats) before applying it (gemma2). Tried on 97 decodes (a row count no
-        head count equals) of different lengths in a scratch pool."""
-        from tandem.engine.plan import RowSampling, StepPlan
-
-        pool = PagePool(self.specs, 1, 4, double_buffer=False)
-        n = 97
-        segs = tuple(Segment(f"r{i}", i % 3, 1, (1,), (0,)) for i in range(n))
-        plan = StepPlan(0, segs, (), (), RowSampling((), (), (), ()))
-        inputs = mx.ones((n, 1), dtype=mx.int32)
-        error: Exception | None = None
-        for rank in (4, 5):
-            ctx = StepContext(plan.segments, pool.page_size)
-            ctx.mask_rank = rank
-            caches, _, _ = layers.build_caches(
-                self.layout,
-                lambda i, n, ctx=ctx: PagedCache(ctx, pool, i),
-                lambda j, n: ArraysCache(n.size),
-            )
-            try:
-                mx.eval(self.model(inputs, cache=caches))
-                return rank
-            except ValueError as e:
-                error = error or e
-        raise ValueError(f"the model's attention does not take a padding mask: {error}")
 
     def reset(self) -> None:
         """After a failure: drop every in-flight step's arrays and recreate the pool."""

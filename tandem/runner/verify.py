@@ -110,3 +110,36 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
             "spread), so it is not served: its layers use their caches in a way Tandem "
             "does not support yet"
         )
+
+
+def dense_mask_rank(runner: ModelRunner) -> int:
+    """The rank of the padding mask a dense model's attention broadcasts: (T, 1, 1, L)
+    as mlx-lm builds it, or (T, 1, 1, 1, L) for models that split query heads into
+    (kv heads, repeats) before applying it (gemma2). Tried on 97 decodes (a row count no
+    head count equals) of different lengths in a scratch pool."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from tandem.runner import layers
+    from tandem.runner.paged import PagedCache
+    from tandem.runner.step_context import StepContext
+
+    pool = PagePool(runner.specs, 1, 4, double_buffer=False)
+    n = 97
+    segs = tuple(Segment(f"r{i}", i % 3, 1, (1,), (0,)) for i in range(n))
+    plan = StepPlan(0, segs, (), (), RowSampling((), (), (), ()))
+    inputs = mx.ones((n, 1), dtype=mx.int32)
+    error: Exception | None = None
+    for rank in (4, 5):
+        ctx = StepContext(plan.segments, pool.page_size)
+        ctx.mask_rank = rank
+        caches, _, _ = layers.build_caches(
+            runner.layout,
+            lambda i, n, ctx=ctx: PagedCache(ctx, pool, i),
+            lambda j, n: ArraysCache(n.size),
+        )
+        try:
+            mx.eval(runner.model(inputs, cache=caches))
+            return rank
+        except ValueError as e:
+            error = error or e
+    raise ValueError(f"the model's attention does not take a padding mask: {error}")
