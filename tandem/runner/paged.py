@@ -87,7 +87,9 @@ class PagePool:
             bufs = []
             for i, s in enumerate(self.specs):
                 entry = _entry(s)
-                rows = 1 if s.unused else self.num_slots  # never written nor read
+                # One page more than any table names: slot -1 (the last row) is where the
+                # padding rows of a compiled step write (runner/static_decode.py).
+                rows = 1 if s.unused else self.num_slots + self.page_size
                 buf: Buffer
                 if self.quantized(i):
                     assert self.quant is not None

@@ -10,7 +10,10 @@ pages (no windows, MLA rows, recurrent state or quantized pages).
 Everything the graph depends on is an input array or fixed by the input shapes, so a replay
 is the step it stands for: token ids, positions, write slots, page tables (width rounded up
 to ``WIDTH_STEP`` pages, so a row growing by a page rarely makes a new shape), lengths and the
-decode kernel's work list. A new shape is a new trace (Python once more, then replays).
+decode kernel's work list. Rows are padded to a ``bucket`` (padding rows attend one key and
+write into the pool's scratch page, slot -1, which no table names), so rows joining and
+leaving rarely make a new shape either. A new shape is a new trace (Python once more, then
+replays).
 
 The pool's buffers: with in-place writes (``runner.kv_write``) they are constants of the
 trace, written by kernels and never replaced; the step takes the layers' last write tokens
@@ -33,6 +36,15 @@ from tandem.runner.step_context import AttnView
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
+
+
+def bucket(n: int) -> int:
+    """The rows a step of ``n`` runs as: a power of two up to 8, then multiples of 8 up to
+    64 and of 16 beyond (rows joining and leaving rarely make a new shape)."""
+    if n <= 8:
+        return 1 << (n - 1).bit_length()
+    step = 8 if n <= 64 else 16
+    return -(-n // step) * step
 
 
 class _Group:
@@ -101,16 +113,21 @@ class StaticDecode:
         pool = r.pool
         p = pool.page_size
         n = len(segments)
-        starts = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
+        m = bucket(n)  # rows past n: position 0 over page 0, written to slot -1 (scratch)
+        starts = np.zeros(m, dtype=np.int64)
+        starts[:n] = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
         used = starts // p + 1
         width = -(-int(used.max()) // WIDTH_STEP) * WIDTH_STEP
-        tables = np.zeros((n, width), dtype=np.int32)
+        tables = np.zeros((m, width), dtype=np.int32)
         for i, s in enumerate(segments):
             tables[i, : used[i]] = s.pages[: used[i]]
-        slots = tables[np.arange(n), starts // p] * p + (starts % p)
+        slots = tables[np.arange(m), starts // p] * p + (starts % p)
+        slots[n:] = -1
         lengths = starts + 1
+        if m > n:
+            inputs = mx.concatenate([inputs, mx.zeros((m - n,), dtype=inputs.dtype)])
         work = kernels.DecodeWork(lengths, width)
-        shape = (n, width, work.num_items)
+        shape = (m, width, work.num_items)
         if self._fn is None or (shape not in self._shapes and len(self._shapes) >= MAX_SHAPES):
             self._fn = mx.compile(self._body)
             self._shapes.clear()
@@ -139,7 +156,7 @@ class StaticDecode:
             pool._tokens = written
         else:
             pool.sets[0] = written
-        return outs[0]
+        return outs[0] if m == n else outs[0][:n]
 
     def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *bufs):
         r = self.runner

@@ -58,3 +58,20 @@ def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_m
     # Two buffer sets: the replay of the other set's writes is the uncompiled path's.
     llm = LLM(str(tiny_model_dir("qwen3")), compile_decode=True, kv_double_buffer=True)
     assert llm.engine.loop.runner.static is None
+
+
+def test_rows_leaving_reuse_padded_shapes(tiny_model_dir):
+    """Seven requests finishing one after another run as 8, 4, 2 and 1 rows (padding rows
+    write into the scratch page): a few traces, every output equal to mlx-lm's."""
+    from tandem.runner.static_decode import bucket
+
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 64, 65, 200)] == [1, 2, 4, 8, 8, 16, 64, 80, 208]
+    path = tiny_model_dir("llama")
+    llm = _llm(path)
+    prompts = [[3 + i, 40 + 2 * i, 99, 7 * i + 1] for i in range(7)]
+    outs = llm.generate(prompts, [greedy(10 + 9 * i) for i in range(7)])
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        assert out.token_ids == reference(path, prompt, 10 + 9 * i)
+    static = llm.engine.loop.runner.static
+    assert static.traces <= 4
+    assert static.replays >= 50
