@@ -51,9 +51,10 @@ class PagePool:
     ) -> None:
         self.specs = specs
         self.inplace = inplace and not double_buffer
-        # In place: each layer's latest write, which its reads wait on; it depends on every
-        # earlier write of the layer (a chain, evaluated with each submission).
-        self._tokens: list[mx.array | None] = [None] * len(specs)
+        # In place: each layer's latest write token, which its reads wait on; it depends on
+        # every earlier write of the layer (a chain, evaluated with each submission). A
+        # compiled step (runner/static_decode.py) takes them and hands back its own.
+        self.tokens: list[mx.array | None] = [None] * len(specs)
         self.quant = quant
         self.num_pages = num_pages
         self.page_size = page_size
@@ -80,7 +81,7 @@ class PagePool:
         old buffers are released first, so the new ones fit where they were."""
         self.sets = []
         self._step = self._lag = self._keep = None
-        self._tokens = [None] * len(self.specs)
+        self.tokens = [None] * len(self.specs)
         gc.collect()
         mx.clear_cache()
         for _ in range(self.num_sets):
@@ -153,7 +154,7 @@ class PagePool:
 
     def _write_inplace(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array):
         buf = self.sets[0][layer]
-        token = self._tokens[layer]
+        token = self.tokens[layer]
         if isinstance(buf, QuantizedPages):
             n = keys.shape[0]
             vals = mx.concatenate([keys.reshape(n, -1), values.reshape(n, -1)], axis=1)
@@ -161,19 +162,19 @@ class PagePool:
                 token = kv_write.write(part, slots, e, None, token)
         else:
             token = kv_write.write(buf, slots, keys, values, token)
-        self._tokens[layer] = token
+        self.tokens[layer] = token
 
     def layer(self, layer: int) -> Buffer:
         return self.sets[self.current][layer]
 
     def token(self, layer: int) -> mx.array | None:
         """What a read of ``layer`` waits on (None: no in-place write to wait on)."""
-        return self._tokens[layer]
+        return self.tokens[layer]
 
     def arrays(self) -> list[mx.array]:
         """What a step's submission must include for its writes to happen."""
         if self.inplace:
-            return [t for t in self._tokens if t is not None]
+            return [t for t in self.tokens if t is not None]
         return [a for buf in self.sets[self.current] for a in kv_quant.parts(buf)]
 
 

@@ -135,7 +135,7 @@ class StaticDecode:
         # In place: the layers' last write tokens, which this step's writes chain onto
         # (runner/paged.py); otherwise the buffers themselves.
         if pool.inplace:
-            bufs = [kernels.kv_write.zero() if t is None else t for t in pool._tokens]
+            bufs = [kernels.kv_write.zero() if t is None else t for t in pool.tokens]
         else:
             bufs = list(pool.sets[0])
         traces = self.traces
@@ -153,7 +153,7 @@ class StaticDecode:
         self.replays += self.traces == traces
         written = list(outs[1:])
         if pool.inplace:
-            pool._tokens = written
+            pool.tokens = written
         else:
             pool.sets[0] = written
         return outs[0] if m == n else outs[0][:n]
@@ -161,9 +161,9 @@ class StaticDecode:
     def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *bufs):
         r = self.runner
         pool = r.pool
-        saved, saved_tokens = pool.sets[0], pool._tokens
+        saved, saved_tokens = pool.sets[0], pool.tokens
         if pool.inplace:
-            pool._tokens = list(bufs)
+            pool.tokens = list(bufs)
         else:
             pool.sets[0] = list(bufs)
         try:
@@ -181,7 +181,7 @@ class StaticDecode:
             ctx = _Context(positions, slots, group, kernel)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
             self.traces += 1
-            written = list(pool._tokens) if pool.inplace else list(pool.sets[0])
+            written = list(pool.tokens) if pool.inplace else list(pool.sets[0])
         finally:  # the caller stores what the step returns; no tracer stays behind
-            pool.sets[0], pool._tokens = saved, saved_tokens
+            pool.sets[0], pool.tokens = saved, saved_tokens
         return (logits, *written)
