@@ -320,14 +320,20 @@ class DecodeWork:
     (sequence, chunk holding keys), each sequence's range of items, and the page tables'
     width (``dims``)."""
 
-    def __init__(self, lengths: list[int] | np.ndarray, width: int | None = None) -> None:
+    def __init__(self, lengths: list[int] | np.ndarray, width: int | None = None, pad=None) -> None:
+        """``pad``: when sequences span chunks, the item count is padded to ``pad(count)``
+        with items (0, 0), whose partials the merge never reads (a compiled step's shape
+        then changes less often)."""
         n = np.asarray(lengths, dtype=np.int64)
         chunks = -(-n // CHUNK)
         offsets = np.concatenate([[0], np.cumsum(chunks)])
-        self.num_items = int(offsets[-1])
-        self.split = self.num_items > len(n)
-        rows = np.repeat(np.arange(len(n)), chunks)
-        idx = np.arange(self.num_items) - np.repeat(offsets[:-1], chunks)
+        real = int(offsets[-1])
+        self.split = real > len(n)
+        self.num_items = pad(real) if pad is not None and self.split else real
+        rows = np.zeros(self.num_items, dtype=np.int64)
+        idx = np.zeros(self.num_items, dtype=np.int64)
+        rows[:real] = np.repeat(np.arange(len(n)), chunks)
+        idx[:real] = np.arange(real) - np.repeat(offsets[:-1], chunks)
         self.items = mx.array(np.stack([rows, idx], axis=1).reshape(-1).astype(np.int32))
         self.offsets = mx.array(offsets.astype(np.int32))
         self.width = width

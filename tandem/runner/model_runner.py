@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -37,6 +38,7 @@ from tandem.runner.state import StatePool
 from tandem.runner.static_decode import StaticDecode
 from tandem.runner.step_context import StepContext
 
+log = logging.getLogger("tandem")
 LogprobArrays = tuple[mx.array, mx.array, mx.array]
 
 
@@ -299,7 +301,11 @@ class ModelRunner:
         assert self.pool is not None
         if self.state_pool is None:
             if self.static is not None and self.static.applies(plan.segments, head):
-                return self.static.forward(plan.segments, inputs)
+                try:
+                    return self.static.forward(plan.segments, inputs)
+                except Exception as e:  # noqa: BLE001 - e.g. model code a trace cannot run
+                    log.warning("compiled decode steps off (%s: %s)", type(e).__name__, e)
+                    self.static = None
             ctx = self.context(plan.segments)
             self.pool.begin_step(ctx.host_write_slots, ctx.write_slots)
             return self.call(ctx, inputs[:, None], head)

@@ -86,6 +86,7 @@ class StaticDecode:
         self._shapes: set[tuple] = set()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
         self.replays = 0  # compiled steps that replayed a trace
+        self._no_work = kernels.DecodeWork([1], 1)
 
     @staticmethod
     def eligible(runner) -> bool:
@@ -103,9 +104,18 @@ class StaticDecode:
         self._shapes.clear()
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
-        return all(s.num_tokens == 1 and s.draft < 0 for s in segments) and head == list(
-            range(len(segments))
-        )
+        if not all(s.num_tokens == 1 and s.draft < 0 for s in segments):
+            return False
+        if head != list(range(len(segments))):
+            return False
+        if self.runner.decode_kernel:
+            return True
+        # The gather path reads every row's table out to the longest row's: not where that
+        # would more than double the keys read (ragged batches run uncompiled, grouped).
+        p = self.runner.pool.page_size
+        longest = max(s.start for s in segments) // p + 1
+        width = -(-longest // WIDTH_STEP) * WIDTH_STEP * p
+        return bucket(len(segments)) * width <= 2 * sum(s.start + p for s in segments) + 1024
 
     def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
         """The logits of every row, (T, vocab)."""
@@ -126,7 +136,8 @@ class StaticDecode:
         lengths = starts + 1
         if m > n:
             inputs = mx.concatenate([inputs, mx.zeros((m - n,), dtype=inputs.dtype)])
-        work = kernels.DecodeWork(lengths, width)
+        # The gather path reads no work list: fixed inputs, no new shapes.
+        work = kernels.DecodeWork(lengths, width, pad=bucket) if r.decode_kernel else self._no_work
         shape = (m, width, work.num_items)
         if self._fn is None or (shape not in self._shapes and len(self._shapes) >= MAX_SHAPES):
             self._fn = mx.compile(self._body)

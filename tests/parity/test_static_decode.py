@@ -75,3 +75,47 @@ def test_rows_leaving_reuse_padded_shapes(tiny_model_dir):
     static = llm.engine.loop.runner.static
     assert static.traces <= 4
     assert static.replays >= 50
+
+
+def test_ragged_gathers_run_uncompiled_and_work_lists_pad(tiny_model_dir):
+    """The gather path reads every row out to the longest table, so a batch where that more
+    than doubles the keys read runs uncompiled; the kernel's work list pads its items (to a
+    bucket) only where rows span chunks, with items the merge never reads."""
+    from tandem.engine.plan import Segment
+    from tandem.runner.kernels import CHUNK, DecodeWork
+    from tandem.runner.static_decode import bucket
+
+    static = _llm(tiny_model_dir("llama")).engine.loop.runner.static
+
+    def seg(start: int) -> Segment:
+        return Segment("r", start, 1, (5,), tuple(range(start // 16 + 1)))
+
+    even = tuple(seg(s) for s in (300, 310, 320, 330))
+    ragged = (seg(2000), *(seg(10) for _ in range(7)))
+    assert static.applies(even, [0, 1, 2, 3])
+    assert not static.applies(ragged, list(range(8)))
+    assert not static.applies(even, [0, 1, 2])  # a prompt row's logits too
+
+    work = DecodeWork([CHUNK + 88, 10, 2 * CHUNK + 76], 8, pad=bucket)
+    assert work.split and work.num_items == 8  # 2 + 1 + 3 real items
+    items = work.items.tolist()
+    assert items[:12] == [0, 0, 0, 1, 1, 0, 2, 0, 2, 1, 2, 2] and items[12:] == [0, 0, 0, 0]
+    assert work.offsets.tolist() == [0, 2, 3, 6]
+    single = DecodeWork([10, 20], 8, pad=bucket)
+    assert not single.split and single.num_items == 2
+
+
+def test_a_trace_that_fails_turns_compiling_off(tiny_model_dir, monkeypatch):
+    """Model code a trace cannot run: the step runs uncompiled, and so do the next ones."""
+    from tandem.runner.static_decode import StaticDecode
+
+    def broken(self, *args):
+        raise ValueError("cannot trace this")
+
+    monkeypatch.setattr(StaticDecode, "_body", broken)
+    path = tiny_model_dir("llama")
+    llm = _llm(path)
+    prompt = [4, 8, 15, 16, 23, 42]
+    assert llm.generate([prompt], greedy(20))[0].token_ids == reference(path, prompt, 20)
+    assert llm.engine.loop.runner.static is None
+    assert llm.engine.scheduler.stats.step_failures == 0
