@@ -3,7 +3,7 @@
 ``paged_decode(q, pool, tables, lengths, scale, page_size, work)``:
 q (B, H, D) or (B, H, 1, D); pool (slots, 2 Hkv, D) with K then V per slot; tables
 (B, max_pages) int32 page ids; lengths (B,) int32; ``work`` the step's ``DecodeWork``; returns
-q's shape. ``token``: the layer's in-place write this step (``runner.kv_write``), read after.
+q's shape. ``token``: the layer's latest in-place write (``runner.kv_write``), read after.
 
 One thread block per (sequence, chunk of CHUNK keys, query head), for the chunks that hold
 keys only, so a long sequence spreads over many blocks (flash-decoding) while a short one

@@ -17,7 +17,10 @@ keep, and it holds because
   layer's write ``token`` as an input: MLX then runs the write first and links the two in its
   CUDA graph (it links a node to the node that wrote one of its inputs' buffers; the pool
   itself is written by no node MLX knows of, so a plain MLX gather of the pool could run
-  concurrently with the write).
+  concurrently with the write);
+- a layer's writes form one chain (each takes the last one's token as ``after``), so what a
+  submission evaluates runs every write issued since the one before, also writes that no
+  read of their own forward took.
 
 One kernel writes K and V of N tokens (no concatenation): the pool's rows are K then V
 flattened, as ``paged.PagePool.write`` lays them out. Metal is not covered: its encoder orders
@@ -34,8 +37,9 @@ import numpy as np
 
 log = logging.getLogger("tandem")
 
-# One thread per written value. ``after`` (the previous write's token, or a zero) orders a
-# layer's successive writes in a step; rows past the pool (never produced) are skipped.
+# One thread per written value. ``after`` (the layer's previous write token, or a zero)
+# chains a layer's writes (runner/paged.py); slots outside the pool (-1: a compiled step's
+# padding rows) are skipped.
 _WRITE = """
     const int W = WK + WV;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -87,7 +91,7 @@ _zeros: list[mx.array] = []
 
 
 def zero() -> mx.array:
-    """A token no write produced (the first write of a layer in a step waits on nothing)."""
+    """A token no write produced (a layer's first write waits on nothing)."""
     if not _zeros:
         _zeros.append(mx.zeros((1,), dtype=mx.int32))
         mx.eval(_zeros[0])
