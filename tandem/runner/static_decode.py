@@ -38,6 +38,11 @@ WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
 
 
+def table_width(longest_start: int, page: int) -> int:
+    """Pages in a step's tables: the longest row's (up to ``longest_start``), rounded up."""
+    return -(-(longest_start // page + 1) // WIDTH_STEP) * WIDTH_STEP
+
+
 def bucket(n: int) -> int:
     """The rows a step of ``n`` runs as: a power of two up to 8, then multiples of 8 up to
     64 and of 16 beyond (rows joining and leaving rarely make a new shape)."""
@@ -55,9 +60,16 @@ class _Group:
         self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
         self.starts = None
         self.longest = tables.shape[1] * page
-        # Gathers read whole tables (also with the kernel on: layers with attention sinks).
-        cols = mx.arange(self.longest, dtype=mx.int32)[None]
-        self.mask = (cols < lengths[:, None])[:, None, None, :]
+        self._mask: mx.array | None = None
+
+    @property
+    def mask(self) -> mx.array:
+        """Gathers read whole tables under this mask (also with the kernel on: layers with
+        attention sinks); built only where one reads it."""
+        if self._mask is None:
+            cols = mx.arange(self.longest, dtype=mx.int32)[None]
+            self._mask = (cols < self.lengths[:, None])[:, None, None, :]
+        return self._mask
 
     def queries(self, queries: mx.array) -> mx.array:
         return queries
@@ -113,9 +125,8 @@ class StaticDecode:
         # The gather path reads every row's table out to the longest row's: not where that
         # would more than double the keys read (ragged batches run uncompiled, grouped).
         p = self.runner.pool.page_size
-        longest = max(s.start for s in segments) // p + 1
-        width = -(-longest // WIDTH_STEP) * WIDTH_STEP * p
-        return bucket(len(segments)) * width <= 2 * sum(s.start + p for s in segments) + 1024
+        keys = table_width(max(s.start for s in segments), p) * p
+        return bucket(len(segments)) * keys <= 2 * sum(s.start + p for s in segments) + 1024
 
     def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
         """The logits of every row, (T, vocab)."""
@@ -127,7 +138,7 @@ class StaticDecode:
         starts = np.zeros(m, dtype=np.int64)
         starts[:n] = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
         used = starts // p + 1
-        width = -(-int(used.max()) // WIDTH_STEP) * WIDTH_STEP
+        width = table_width(int(starts.max()), p)
         tables = np.zeros((m, width), dtype=np.int32)
         for i, s in enumerate(segments):
             tables[i, : used[i]] = s.pages[: used[i]]
