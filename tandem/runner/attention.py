@@ -13,6 +13,12 @@ multi-token segment (a prefill chunk) gathers its own pages — or, starting at 
 fresh keys — and runs the fused SDPA. A sliding-window layer reads the last W positions only.
 Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes them. Either way a step reads
 the keys its segments have, not rows x longest.
+
+Keys reach attention from the layer that stored them, or from another layer: gemma3n and
+gemma4 layers share an earlier layer's KV (passed with that layer's cache, or with none),
+iquestloopcoder's second loop attends over the first loop's keys with its own windowed cache.
+So each forward records, by identity, which cache returned which keys (``runner.kv_owners``),
+and the seam reads the pool of the cache that stored them, with its window.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from types import ModuleType
 import mlx.core as mx
 import mlx.nn as nn
 
-from tandem.runner import kernels, kv_quant
+from tandem.runner import kernels, kv_owners, kv_quant
 from tandem.runner.layers import ProbeCache
 from tandem.runner.paged import PagedCache
 from tandem.runner.step_context import AttnView
@@ -58,6 +64,9 @@ def _mlx_lm_sdpa(queries, keys, values, cache, scale, mask, sinks):
 
 
 def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
+    owner = kv_owners.owner(keys, values)
+    if owner is not None:  # the keys of a layer (this one, or one whose KV this one shares)
+        cache = owner
     if isinstance(cache, ProbeCache):
         cache.at_seam(keys, values, mask)
     if not isinstance(cache, PagedCache):

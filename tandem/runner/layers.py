@@ -31,6 +31,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
+from tandem.runner import kv_owners
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -160,7 +162,13 @@ class ProbeCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.stored = (keys, values)
+        kv_owners.stored(keys, values, self)
         return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What the last ``update_and_fetch`` returned (gemma3n's KV-shared layers read it)."""
+        assert self.stored is not None
+        return self.stored
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         if window_size is not None:
@@ -192,12 +200,14 @@ def probe_layers(
         layout, lambda i, n: ProbeCache(), lambda j, n: ProbeState(n.size)
     )
     try:
-        logits = model(mx.array([[0]]), cache=caches)
+        with kv_owners.forward():
+            logits = model(mx.array([[0]]), cache=caches)
         first = [[None if a is None else a.dtype for a in c.cache] for c in states]
         if states:  # a state's dtype may change once it exists (float32 SSM parameters)
             for c in attns:
                 c.stored, c.offset = None, 1
-            model(mx.array([[1]]), cache=caches)
+            with kv_owners.forward():
+                model(mx.array([[1]]), cache=caches)
     except Exception as e:  # noqa: BLE001 - it uses its caches in ways Tandem's do not serve
         raise ValueError(
             f"model type {model_type!r} does not run on Tandem's caches: {type(e).__name__}: {e}"

@@ -17,6 +17,7 @@ from tandem.runner import (
     attention,
     gated_delta,
     kernel_check,
+    kv_owners,
     kv_write,
     layers,
     recurrent_step,
@@ -337,7 +338,7 @@ class ModelRunner:
 
         caches, _, _ = layers.build_caches(self.layout, attn, state)
         head_rows = mx.array(rows, dtype=mx.int32)
-        with gated_delta.active():
+        with gated_delta.active(), kv_owners.forward():
             if self.selector is not None:
                 self.selector.select(head_rows, sequence=ctx.sequence)
                 try:

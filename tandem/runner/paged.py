@@ -30,7 +30,7 @@ import gc
 import mlx.core as mx
 import numpy as np
 
-from tandem.runner import kv_quant, kv_write
+from tandem.runner import kv_owners, kv_quant, kv_write
 from tandem.runner.kv_quant import Buffer, KVQuant, QuantizedPages
 from tandem.runner.layers import LayerSpec
 from tandem.runner.step_context import StepContext
@@ -187,6 +187,7 @@ class PagedCache:
     def __init__(self, ctx: StepContext, pool: PagePool, layer: int) -> None:
         self.ctx, self.pool, self.layer = ctx, pool, layer
         self.spec = pool.specs[layer]
+        self._last: tuple[mx.array, mx.array] | None = None
 
     @property
     def offset(self) -> mx.array | int:
@@ -205,7 +206,7 @@ class PagedCache:
             k, v = keys[:, :, 0, :], values[:, :, 0, :]
         self.pool.write(self.layer, self.ctx.write_slots, k, v)
         if not self.spec.dense:
-            return keys, values
+            return self._returned(keys, values)
         s = self.spec
         view = self.ctx.dense(s.window)
         t, width = view.slots.shape
@@ -213,7 +214,17 @@ class PagedCache:
         split = s.k_heads * s.k_dim
         k = x[..., :split].reshape(t, width, s.k_heads, s.k_dim).transpose(0, 2, 1, 3)
         v = x[..., split:].reshape(t, width, s.v_heads, s.v_dim).transpose(0, 2, 1, 3)
-        return k, v
+        return self._returned(k, v)
+
+    def _returned(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._last = (keys, values)
+        kv_owners.stored(keys, values, self)
+        return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What the last ``update_and_fetch`` returned: a layer sharing this one's KV
+        (gemma3n) attends with it and this cache, which the seam reads as this layer's."""
+        return self._last
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """None for paged layers (each knows its window); for a model with dense layers, the

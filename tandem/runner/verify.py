@@ -119,7 +119,7 @@ def dense_mask_rank(runner: ModelRunner) -> int:
     head count equals) of different lengths in a scratch pool."""
     from mlx_lm.models.cache import ArraysCache
 
-    from tandem.runner import layers
+    from tandem.runner import kv_owners, layers
     from tandem.runner.paged import PagedCache
     from tandem.runner.step_context import StepContext
 
@@ -138,7 +138,8 @@ def dense_mask_rank(runner: ModelRunner) -> int:
             lambda j, n: ArraysCache(n.size),
         )
         try:
-            mx.eval(runner.model(inputs, cache=caches))
+            with kv_owners.forward():
+                mx.eval(runner.model(inputs, cache=caches))
             return rank
         except ValueError as e:
             error = error or e

@@ -6,6 +6,11 @@ cohere2, gpt_oss with attention sinks), models that compute attention themselves
 logit soft-capping), MLA latent caches (deepseek_v3), and recurrent state: Gated DeltaNet
 beside attention (qwen3_next), Mamba-2 alone (mamba2) and beside attention in one layer
 (falcon_h1). Windows are 8 positions, so test prompts run far past them.
+
+Models whose layers attend over another layer's KV come from the model zoo's tiny configs
+(``SHARED_KV``): gemma4_text and gemma3n (the last layers reuse an earlier layer's keys, of
+their own kind, window or global) and iquestloopcoder (a second loop attends over the first
+loop's keys, and over its own within a window).
 """
 
 from __future__ import annotations
@@ -117,6 +122,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 # Families with recurrent layers (per-request state slots).
 RECURRENT = ("falcon_h1", "mamba2", "qwen3_next")
+# Families whose layers read another layer's KV, built from the model zoo's tiny configs.
+SHARED_KV = ("gemma3n", "gemma4_text", "iquestloopcoder")
 
 
 def family_config(model_type: str) -> dict[str, Any]:
@@ -129,7 +136,12 @@ def family_config(model_type: str) -> dict[str, Any]:
 
 
 def make_family_model(path: Path, model_type: str, *, seed: int = 0) -> Path:
-    """Write a tiny float32 ``model_type`` model (one of FAMILIES) into ``path``."""
+    """Write a tiny float32 ``model_type`` model (one of FAMILIES or SHARED_KV) into
+    ``path``."""
+    if model_type in SHARED_KV:
+        from tandem.testing.model_zoo import make_zoo_model
+
+        return make_zoo_model(Path(path), model_type, seed=seed)
     return tiny_models._write_model(
         Path(path), family_config(model_type), seed, "float32", _BASE["vocab_size"]
     )

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from tandem import LLM
-from tandem.testing.families import FAMILIES, RECURRENT, WINDOW
+from tandem.testing.families import FAMILIES, RECURRENT, SHARED_KV, WINDOW
 from tests.parity.test_mlx_lm_parity import greedy, reference, staggered_three_ways
 
-TYPES = sorted(FAMILIES)
+TYPES = sorted([*FAMILIES, *SHARED_KV])
 
 
 def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
@@ -26,6 +26,10 @@ def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
     # Soft-capped scores computed by the model (no seam), MLA latents of two shapes.
     assert kinds["gemma2"] == [(None, True)] * 4
     assert kinds["deepseek_v3"] == [(None, True)] * 4
+    # KV shared across layers: only the layers that store KV have pool entries; the rest
+    # read theirs (a window layer's or a global one's).
+    assert kinds["gemma4_text"] == kinds["gemma3n"] == [(WINDOW, False), (None, False)]
+    assert kinds["iquestloopcoder"] == [(None, False)] * 2 + [(WINDOW, False)] * 2
     latent = LLM(str(family_model_dir("deepseek_v3"))).engine.loop.runner.specs[0]
     assert (latent.k_heads, latent.k_dim, latent.v_heads, latent.v_dim) == (1, 32, 1, 8)
     # Recurrent: Gated DeltaNet layers between attention layers, Mamba-2 only, and a Mamba-2
@@ -192,14 +196,12 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        # KV shared across layers: runs, but the paged path would be silently wrong.
-        ("gemma4_text", "paged caches disagree with mlx-lm's"),
         # Learned positions read from a scalar cache offset.
         ("gpt_bigcode", "does not run on Tandem's paged caches"),
         # Masks of one window over a cache of another.
         ("plamo3", "caches a window of 8 positions but asks for masks of"),
-        # Reads cache attributes Tandem's caches do not have.
-        ("afm7", "does not run on Tandem's caches: AttributeError"),
+        # Positions of its KV-reuse layers from the shared keys' length.
+        ("afm7", "paged caches disagree with mlx-lm's"),
     ],
 )
 def test_models_tandem_cannot_serve_exactly_are_refused_at_load(tmp_path, model_type, message):
@@ -210,3 +212,26 @@ def test_models_tandem_cannot_serve_exactly_are_refused_at_load(tmp_path, model_
     path = make_zoo_model(tmp_path / model_type, model_type)
     with pytest.raises(ValueError, match=message):
         LLM(str(path))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "message"),
+    [
+        # Shared layers pass the keys with no cache: they would attend over the fresh keys.
+        ("gemma4_text", "paged caches disagree with mlx-lm's"),
+        # The second loop passes the first loop's keys with its own windowed cache: the probe
+        # would see a layer reading keys it did not store and gather per-token history.
+        ("iquestloopcoder", "does not take a padding mask"),
+    ],
+)
+def test_keys_read_by_another_layer_need_their_owner(
+    family_model_dir, monkeypatch, model_type, message
+):
+    """Layers reading another layer's KV are served because the seam attributes the keys to
+    the cache that stored them (runner/kv_owners.py). Without that the model must be
+    refused at load, not served wrong. (gemma3n hands over the owner's cache itself.)"""
+    from tandem.runner import kv_owners
+
+    monkeypatch.setattr(kv_owners, "owner", lambda keys, values: None)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(family_model_dir(model_type)))
