@@ -170,6 +170,23 @@ class ProbeCache:
         assert self.stored is not None
         return self.stored
 
+    # Reads and assignments of ``keys``/``values`` as on ``PagedCache`` (runner/paged.py).
+    @property
+    def keys(self) -> mx.array:
+        return self.keys_and_values()[0]
+
+    @keys.setter
+    def keys(self, _value: mx.array) -> None:
+        pass
+
+    @property
+    def values(self) -> mx.array:
+        return self.keys_and_values()[1]
+
+    @values.setter
+    def values(self, _value: mx.array) -> None:
+        pass
+
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         if window_size is not None:
             self.mask_windows.add(window_size)

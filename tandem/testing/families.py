@@ -10,7 +10,9 @@ beside attention (qwen3_next), Mamba-2 alone (mamba2) and beside attention in on
 Models whose layers attend over another layer's KV come from the model zoo's tiny configs
 (``SHARED_KV``): gemma4_text and gemma3n (the last layers reuse an earlier layer's keys, of
 their own kind, window or global) and iquestloopcoder (a second loop attends over the first
-loop's keys, and over its own within a window).
+loop's keys, and over its own within a window). So does deepseek_v32 (``SPARSE``): an MLA
+latent cache beside a lightning indexer's key cache, whose top-16 keys each token attends
+to once its history is longer.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
 RECURRENT = ("falcon_h1", "mamba2", "qwen3_next")
 # Families whose layers read another layer's KV, built from the model zoo's tiny configs.
 SHARED_KV = ("gemma3n", "gemma4_text", "iquestloopcoder")
+# DeepSeek sparse attention: its indexer picks the keys each token attends to (top 16).
+SPARSE = ("deepseek_v32",)
 
 
 def family_config(model_type: str) -> dict[str, Any]:
@@ -136,9 +140,9 @@ def family_config(model_type: str) -> dict[str, Any]:
 
 
 def make_family_model(path: Path, model_type: str, *, seed: int = 0) -> Path:
-    """Write a tiny float32 ``model_type`` model (one of FAMILIES or SHARED_KV) into
-    ``path``."""
-    if model_type in SHARED_KV:
+    """Write a tiny float32 ``model_type`` model (one of FAMILIES, SHARED_KV or SPARSE)
+    into ``path``."""
+    if model_type in SHARED_KV + SPARSE:
         from tandem.testing.model_zoo import make_zoo_model
 
         return make_zoo_model(Path(path), model_type, seed=seed)

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from tandem import LLM
-from tandem.testing.families import FAMILIES, RECURRENT, SHARED_KV, WINDOW
+from tandem.testing.families import FAMILIES, RECURRENT, SHARED_KV, SPARSE, WINDOW
 from tests.parity.test_mlx_lm_parity import greedy, reference, staggered_three_ways
 
-TYPES = sorted([*FAMILIES, *SHARED_KV])
+TYPES = sorted([*FAMILIES, *SHARED_KV, *SPARSE])
 
 
 def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
@@ -30,6 +30,9 @@ def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
     # read theirs (a window layer's or a global one's).
     assert kinds["gemma4_text"] == kinds["gemma3n"] == [(WINDOW, False), (None, False)]
     assert kinds["iquestloopcoder"] == [(None, False)] * 2 + [(WINDOW, False)] * 2
+    # DeepSeek sparse attention: the MLA latents and the indexer's keys, each token's
+    # gathered history (the indexer picks from it).
+    assert kinds["deepseek_v32"] == [(None, True)] * 4
     latent = LLM(str(family_model_dir("deepseek_v3"))).engine.loop.runner.specs[0]
     assert (latent.k_heads, latent.k_dim, latent.v_heads, latent.v_dim) == (1, 32, 1, 8)
     # Recurrent: Gated DeltaNet layers between attention layers, Mamba-2 only, and a Mamba-2
