@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -138,6 +139,9 @@ def _stats(engine) -> dict[str, Any]:
         "kv_pages": sched.kv.num_pages,
         "kv_cached_pages": sched.kv.num_cached,
         "kv_held_pages": sched.kv.num_held,
+        "engine_steps": engine.steps,
+        "engine_step_seconds": engine.step_seconds,
+        "engine_cpu_seconds": time.process_time(),
         **(
             {
                 "spec_proposed_tokens": sched.stats.spec_proposed,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 
 from tandem.engine.drafting import Proposer
@@ -49,6 +50,10 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self._ids = itertools.count()
+        # Steps run and the wall time spent inside them (metrics: the mean step time of a
+        # serving engine against the offline API's at the same batch).
+        self.steps = 0
+        self.step_seconds = 0.0
         self._rng = random.Random(seed)
         # Built now, not on the first guided request: wrapping a large vocabulary takes
         # seconds, which would stall every running stream.
@@ -101,7 +106,12 @@ class Engine:
         return self.scheduler.has_work() or bool(self.loop.inflight)
 
     def step(self) -> list[EngineOutput]:
-        return self.loop.step()
+        start = time.perf_counter()
+        try:
+            return self.loop.step()
+        finally:
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - start
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants(self.loop.inflight)

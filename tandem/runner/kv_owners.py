@@ -17,16 +17,21 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 _STORED: dict[int, tuple[mx.array, mx.array, object]] = {}
+_DEPTH = [0]
 
 
 @contextlib.contextmanager
 def forward() -> Iterator[None]:
-    """One model call: the keys each cache returns are attributed to it until it ends."""
+    """One model call: the keys each cache returns are attributed to it until it ends.
+    Model calls do not nest (a nested one would clear the outer call's entries)."""
+    assert _DEPTH[0] == 0, "model calls nested"
+    _DEPTH[0] += 1
     _STORED.clear()
     try:
         yield
     finally:
         _STORED.clear()
+        _DEPTH[0] -= 1
 
 
 def stored(keys: mx.array, values: mx.array, cache: object) -> None:

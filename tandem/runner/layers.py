@@ -167,25 +167,9 @@ class ProbeCache:
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:
         """What the last ``update_and_fetch`` returned (gemma3n's KV-shared layers read it)."""
-        assert self.stored is not None
+        if self.stored is None:
+            raise AttributeError("the cache has stored nothing yet")
         return self.stored
-
-    # Reads and assignments of ``keys``/``values`` as on ``PagedCache`` (runner/paged.py).
-    @property
-    def keys(self) -> mx.array:
-        return self.keys_and_values()[0]
-
-    @keys.setter
-    def keys(self, _value: mx.array) -> None:
-        pass
-
-    @property
-    def values(self) -> mx.array:
-        return self.keys_and_values()[1]
-
-    @values.setter
-    def values(self, _value: mx.array) -> None:
-        pass
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         if window_size is not None:
@@ -196,6 +180,41 @@ class ProbeCache:
         stored = self.stored
         ok = stored is not None and keys is stored[0] and values is stored[1] and mask is None
         self.seam_ok = ok if self.seam_ok is None else (self.seam_ok and ok)
+
+
+# Model types whose code reads and reassigns a cache's ``keys``/``values`` only to manage its
+# lazy graph: DeepSeek sparse attention's indexer zeroes ``values`` and ties the caches
+# together with ``mx.depends``; it computes nothing from them (tested in the family suite).
+# Their caches (``Bookkeeping``) answer a read with what ``update_and_fetch`` returned and
+# drop an assignment. Any other model that touches them is refused at load: it may compute
+# with them (minimax_m3_vl's block-sparse indexer places queries by the keys' count, which a
+# gathered, padded history does not give).
+GRAPH_BOOKKEEPING = frozenset({"deepseek_v32", "glm_moe_dsa"})
+
+
+class Bookkeeping:
+    """``keys``/``values`` for GRAPH_BOOKKEEPING models' caches (a mixin, after a cache
+    class with ``keys_and_values``)."""
+
+    @property
+    def keys(self) -> mx.array:
+        return self.keys_and_values()[0]  # type: ignore[attr-defined]
+
+    @keys.setter
+    def keys(self, _value: mx.array) -> None:
+        pass
+
+    @property
+    def values(self) -> mx.array:
+        return self.keys_and_values()[1]  # type: ignore[attr-defined]
+
+    @values.setter
+    def values(self, _value: mx.array) -> None:
+        pass
+
+
+class BookkeepingProbe(ProbeCache, Bookkeeping):
+    pass
 
 
 class ProbeState(ArraysCache):
@@ -213,8 +232,9 @@ def probe_layers(
     ``ProbeCache.at_seam``)."""
     if layout is None:
         layout = [Attn() for _ in model.layers]
+    probe = BookkeepingProbe if model_type in GRAPH_BOOKKEEPING else ProbeCache
     caches, attns, states = build_caches(
-        layout, lambda i, n: ProbeCache(), lambda j, n: ProbeState(n.size)
+        layout, lambda i, n: probe(), lambda j, n: ProbeState(n.size)
     )
     try:
         with kv_owners.forward():

@@ -25,7 +25,7 @@ from tandem.runner import (
 )
 from tandem.runner.draft import DraftModel
 from tandem.runner.kv_quant import KVQuant
-from tandem.runner.paged import PagedCache, PagePool, bytes_per_token, quantizable
+from tandem.runner.paged import PagePool, bytes_per_token, cache_class, quantizable
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
     SamplingArrays,
@@ -329,8 +329,10 @@ class ModelRunner:
         assert self.pool is not None
         pool = self.pool
 
+        cache_cls = cache_class(self.model_type)
+
         def attn(i, node):
-            return PagedCache(ctx, pool, i)
+            return cache_cls(ctx, pool, i)
 
         def state(j, node):
             assert states is not None

@@ -32,7 +32,7 @@ import numpy as np
 
 from tandem.runner import kv_owners, kv_quant, kv_write
 from tandem.runner.kv_quant import Buffer, KVQuant, QuantizedPages
-from tandem.runner.layers import LayerSpec
+from tandem.runner.layers import GRAPH_BOOKKEEPING, Bookkeeping, LayerSpec
 from tandem.runner.step_context import StepContext
 
 
@@ -224,30 +224,9 @@ class PagedCache:
     def keys_and_values(self) -> tuple[mx.array, mx.array]:
         """What the last ``update_and_fetch`` returned: a layer sharing this one's KV
         (gemma3n) attends with it and this cache, which the seam reads as this layer's."""
-        assert self._last is not None
+        if self._last is None:
+            raise AttributeError("the cache has stored nothing yet")
         return self._last
-
-    # mlx-lm model code reads and reassigns a cache's ``keys``/``values`` only to manage its
-    # lazy graph (deepseek_v32's indexer zeroes ``values``, and ties the indexer's cache to
-    # the attention's with ``mx.depends``). The pool is the store here and its writes are
-    # part of every step's evaluation: a read gives what ``update_and_fetch`` last
-    # returned, an assignment is dropped (a model that meant more is refused by the load
-    # check, runner/verify.py).
-    @property
-    def keys(self) -> mx.array:
-        return self.keys_and_values()[0]
-
-    @keys.setter
-    def keys(self, _value: mx.array) -> None:
-        pass
-
-    @property
-    def values(self) -> mx.array:
-        return self.keys_and_values()[1]
-
-    @values.setter
-    def values(self, _value: mx.array) -> None:
-        pass
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """None for paged layers (each knows its window); for a model with dense layers, the
@@ -265,6 +244,16 @@ class PagedCache:
     @property
     def token(self) -> mx.array | None:
         return self.pool.token(self.layer)
+
+
+class BookkeepingCache(PagedCache, Bookkeeping):
+    """A GRAPH_BOOKKEEPING model's cache (runner/layers.py): the pool is the store and its
+    writes are part of every step's evaluation, so reads of ``keys``/``values`` give what
+    ``update_and_fetch`` returned and assignments are dropped."""
+
+
+def cache_class(model_type: str) -> type[PagedCache]:
+    return BookkeepingCache if model_type in GRAPH_BOOKKEEPING else PagedCache
 
 
 def _entry(spec: LayerSpec) -> tuple[int, ...]:

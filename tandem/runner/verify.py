@@ -120,7 +120,7 @@ def dense_mask_rank(runner: ModelRunner) -> int:
     from mlx_lm.models.cache import ArraysCache
 
     from tandem.runner import kv_owners, layers
-    from tandem.runner.paged import PagedCache
+    from tandem.runner.paged import cache_class
     from tandem.runner.step_context import StepContext
 
     pool = PagePool(runner.specs, 1, 4, double_buffer=False)
@@ -134,7 +134,7 @@ def dense_mask_rank(runner: ModelRunner) -> int:
         ctx.mask_rank = rank
         caches, _, _ = layers.build_caches(
             runner.layout,
-            lambda i, n, ctx=ctx: PagedCache(ctx, pool, i),
+            lambda i, n, ctx=ctx: cache_class(runner.model_type)(ctx, pool, i),
             lambda j, n: ArraysCache(n.size),
         )
         try:

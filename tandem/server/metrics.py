@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,12 +65,23 @@ ENGINE_COUNTERS = {
         "tandem_engine_oom_recoveries",
         "Steps that ran out of device memory and were retried smaller",
     ),
+    "engine_steps": ("tandem_engine_steps", "Engine steps run"),
+    "engine_step_seconds": (
+        "tandem_engine_step_seconds",
+        "Wall time inside engine steps (over tandem_engine_steps: the mean step time)",
+    ),
+    "engine_cpu_seconds": (
+        "tandem_engine_cpu_seconds",
+        "CPU time of the engine process (all threads)",
+    ),
 }
 
 
 class EngineTotals(Collector):
     """The engine's running totals as counters. The engine keeps them, so they are read at
-    each scrape (``stats``, set by ``Metrics.render``), not counted here."""
+    each scrape (``stats``, set by ``Metrics.render``), not counted here; beside them this
+    process's own CPU time. The engine's counters restart from zero with a restarted engine (rate()
+    treats that as a counter reset); its CPU time includes loading the model."""
 
     def __init__(self) -> None:
         self.stats: dict[str, Any] = {}
@@ -77,6 +89,12 @@ class EngineTotals(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         for key, (name, doc) in ENGINE_COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=self.stats.get(key, 0))
+        # This process's own CPU (HTTP, tokenizing, detokenizing), beside the engine's.
+        yield CounterMetricFamily(
+            "tandem_http_cpu_seconds",
+            "CPU time of the HTTP process (all threads)",
+            value=time.process_time(),
+        )
 
 
 class Metrics:

@@ -291,9 +291,12 @@ def check_loaded(path: Path, model: nn.Module, model_type: str) -> None:
         raise ValueError(f"sanitize() changed {len(changed)} written weights: {changed[:4]}")
 
 
-def make_zoo_model(path: Path, model_type: str, seed: int = 0) -> Path:
-    """Write a tiny float32 random-weight ``model_type`` model into ``path``; returns it."""
-    config = tiny_config(model_type)
+def make_zoo_model(
+    path: Path, model_type: str, seed: int = 0, overrides: dict[str, Any] | None = None
+) -> Path:
+    """Write a tiny float32 random-weight ``model_type`` model into ``path`` (its tiny config
+    with ``overrides`` merged in); returns it."""
+    config = _merge(tiny_config(model_type), overrides or {})
     model_cls, args_cls = _model_class(model_type)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(copy.deepcopy(config)))

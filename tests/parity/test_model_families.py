@@ -238,3 +238,19 @@ def test_keys_read_by_another_layer_need_their_owner(
     monkeypatch.setattr(kv_owners, "owner", lambda keys, values: None)
     with pytest.raises(ValueError, match=message):
         LLM(str(family_model_dir(model_type)))
+
+
+def test_models_computing_with_their_caches_keys_are_refused(tmp_path):
+    """Reading a cache's ``keys`` is allowed only where it is graph bookkeeping (DeepSeek
+    sparse attention, served above): minimax_m3_vl's block-sparse layers place their queries
+    by the keys' count, which Tandem's gathered histories do not give, so it is refused."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    sparse = {"sparse_block_size": 4, "sparse_topk_blocks": 2}
+    path = make_zoo_model(
+        tmp_path / "m3",
+        "minimax_m3_vl",
+        overrides={"text_config": {"sparse_attention_config": sparse}},
+    )
+    with pytest.raises(ValueError, match="has no attribute 'keys'"):
+        LLM(str(path))

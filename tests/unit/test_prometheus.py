@@ -21,6 +21,9 @@ STATS = {
     "spec_proposed_tokens": 40,
     "spec_accepted_tokens": 30,
     "spec_verify_steps": 10,
+    "engine_steps": 300,
+    "engine_step_seconds": 1.5,
+    "engine_cpu_seconds": 2.25,
 }
 
 
@@ -60,3 +63,12 @@ def test_mean_acceptance_length_is_accepted_per_verify_plus_one():
     assert off["tandem_spec_mean_acceptance_length"][1] == {
         "tandem_spec_mean_acceptance_length": 0.0
     }
+
+
+def test_the_http_process_reports_its_own_cpu_time():
+    import time
+
+    before = time.process_time()
+    got = families(Metrics().render(STATS))["tandem_http_cpu_seconds"]
+    assert got[0] == "counter"
+    assert got[1]["tandem_http_cpu_seconds_total"] >= before > 0
