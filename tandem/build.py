@@ -57,7 +57,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    speculation = _speculation(config, runner.recurrent, model_type)  # (refusals first)
+    speculation = _speculation(config)
     draft = _draft_runner(config, tokenizer, max_model_len) if config.draft_model else None
     # The draft's pool has as many pages as the target's (engine/drafting.py).
     per_token = runner.bytes_per_token + (draft.bytes_per_token if draft else 0)
@@ -75,6 +75,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         if snapshots is None:
             cap = int(memory // 4 // runner.state_bytes_per_seq)
             snapshots = min(max(8 * config.max_num_seqs, 64), cap)
+    if state_slots and speculation.enabled:
+        # Each verify keeps the state it starts from in a snapshot slot, to replay from when
+        # a proposal is rejected (engine/results.py): at most max_batch at once, in slots
+        # shared with the prefix cache's snapshots.
+        snapshots += speculation.max_batch
     # More than every sequence at full length (twice, with the prefix cache) is unused; a
     # recurrent model has a prefix cache only with snapshot slots.
     cached = config.prefix_cache and (snapshots > 0 or not state_slots)
@@ -216,16 +221,9 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
     return runner
 
 
-def _speculation(config: EngineConfig, recurrent: bool, model_type: str) -> SpecConfig:
+def _speculation(config: EngineConfig) -> SpecConfig:
     if config.speculative is None:
         return SpecConfig()
-    if recurrent:
-        # A verify advances the recurrent state over rejected tokens too; restoring it needs
-        # a snapshot before each verify, which is not built yet.
-        raise ValueError(
-            f"speculative decoding is not supported for {model_type} yet (it has recurrent "
-            "layers whose state cannot be rolled back past rejected tokens)"
-        )
     return SpecConfig(
         num_tokens=config.num_speculative_tokens,
         max_batch=config.speculative_max_batch,

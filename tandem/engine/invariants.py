@@ -39,15 +39,19 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
         assert all(r.state_slot == -1 for r in sched.waiting), "a waiting request holds state"
     if kv.snapshots is not None:
         assert kv.tree is not None
-        holders = kv.tree.snapshot_refs()
+    if kv.states is not None:
+        holders = kv.tree.snapshot_refs() if kv.snapshots is not None else {}
         for req in sched.running.values():
-            for slot in (req.state_src, req.checkpoint):
+            for slot in (req.state_src, req.checkpoint, req.spec_backup):
                 if slot >= 0:
                     holders[slot] = holders.get(slot, 0) + 1
             assert req.checkpoint >= 0 or req.checkpoint_pos == 0 or req.finished
-        kv.snapshots.check(holders)
+            assert req.spec_backup < 0 or req.spec_inflight, "a backup with no verify"
+        kv.states.check(holders)
         for req in sched.waiting:
-            assert req.state_src == req.checkpoint == -1, "a waiting request holds a snapshot"
+            assert req.state_src == req.checkpoint == req.spec_backup == -1, (
+                "a waiting request holds a snapshot"
+            )
 
     waiting_ids = [r.request_id for r in sched.waiting]
     assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"

@@ -1,6 +1,7 @@
 """The one manager of KV memory on the scheduler's side: the page pool's allocator, the
 prefix cache over it, the budget (pages in use + cached <= pool), and for models with
-recurrent layers the snapshot slots the prefix cache keeps states in."""
+recurrent layers the snapshot slots the prefix cache keeps states in (and speculative
+verifies keep the state they start from in)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ class KVManager:
         # Recurrent models: no snapshot slots, no prefix cache (nothing to resume from).
         if snapshots is not None and snapshots.num == 0:
             prefix_cache, snapshots = False, None
+        # The slots, also without the prefix cache (a verify's backup); ``snapshots`` only
+        # where the prefix cache keeps states in them.
+        self.states = snapshots
         self.snapshots = snapshots if prefix_cache else None
         self.tree = PrefixCache(self.alloc, page_size, self.snapshots) if prefix_cache else None
         self.evicted_pages = 0
@@ -80,11 +84,11 @@ class KVManager:
     def new_snapshot(self) -> int:
         """A free snapshot slot (the least recently used cached states give theirs up), or
         -1 when every slot is in use by a request."""
-        assert self.snapshots is not None and self.tree is not None
-        slot = self.snapshots.allocate()
-        while slot < 0 and self.tree.evict_snapshot():
+        assert self.states is not None
+        slot = self.states.allocate()
+        while slot < 0 and self.tree is not None and self.tree.evict_snapshot():
             self.evicted_snapshots += 1
-            slot = self.snapshots.allocate()
+            slot = self.states.allocate()
         return slot
 
     def wants_snapshot(self, tokens: list[int], pos: int) -> bool:
@@ -101,8 +105,8 @@ class KVManager:
 
     def drop_snapshot(self, slot: int) -> None:
         if slot >= 0:
-            assert self.snapshots is not None
-            self.snapshots.decref(slot)
+            assert self.states is not None
+            self.states.decref(slot)
 
     def cache(self, tokens: list[int], pages: list[int], length: int, locks: set[int]) -> int:
         """Offer the whole pages of positions ``[0, length)`` (written with ``tokens``) of a

@@ -43,6 +43,9 @@ class Segment:
     state_slot: int = -1
     state_src: int = -1
     snapshots: tuple[tuple[int, int], ...] = ()
+    # A verify segment of a model with recurrent layers: the snapshot slot that keeps the
+    # state it starts from (a rejected proposal is rolled back by replaying from there).
+    state_backup: int = -1
 
     @property
     def end(self) -> int:

@@ -36,9 +36,9 @@ def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: 
             _fail(sched, req, error or "step failed", "resource" if oom else "internal")
         else:
             sched._retract(req, cache=False)
-    if sched.kv.snapshots is not None:
+    if sched.kv.states is not None:
         # Slots a plan that never launched had taken have no holder to give them back.
-        sched.kv.snapshots.reset()
+        sched.kv.states.reset()
 
 
 def _fail(sched: Scheduler, req: Request, error: str, kind: str) -> None:

@@ -60,6 +60,8 @@ class Request:
     # speculates) and whether a verify segment of it is in flight.
     spec: Any | None = None
     spec_inflight: bool = False
+    # Recurrent layers: the snapshot slot holding the state before the verify in flight.
+    spec_backup: int = -1
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 from tandem.engine import speculation
 from tandem.engine.grammar import Matcher, accept_all, fill_masks
 from tandem.engine.plan import Segment, StepPlan, StepResult
-from tandem.engine.request import Request
+from tandem.engine.request import Request, RequestStatus
 from tandem.outputs import EngineOutput
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     req.num_pending_samples -= n
     req.spec_inflight = False
     if req.finished:
+        _roll_back(sched, req, seg, n)
         return None
     proposal = seg.token_ids[1:]
     if seg.draft >= 0:  # the draft's proposals, made in the step
@@ -133,6 +134,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
     if len(req.pages) > keep:
         sched.kv.release(req.pages[keep:])
         del req.pages[keep:]
+    _roll_back(sched, req, seg, len(emitted))
     cached, prompt_lps = _first_report(req)
     lps = None
     if result.logprobs:
@@ -146,6 +148,25 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
         logprobs=lps,
         prompt_logprobs=prompt_lps,
     )
+
+
+def _roll_back(sched: Scheduler, req: Request, seg: Segment, emitted: int) -> None:
+    """A model with recurrent layers: the verify advanced the request's state over every
+    token it fed. Where all were accepted that is the request's state; otherwise it resumes
+    from the state before the verify (its backup) by replaying the accepted tokens as a
+    prefill chunk that samples the next one. Their KV is written again, with the values it
+    has."""
+    if seg.state_backup < 0:
+        return
+    assert req.spec_backup == seg.state_backup
+    req.spec_backup = -1
+    if req.finished or emitted == seg.num_tokens:
+        sched.kv.drop_snapshot(seg.state_backup)
+        return
+    assert req.state_src < 0
+    req.state_src = seg.state_backup  # the replay's chunk reads it (and drops it)
+    req.num_computed = seg.start
+    req.status = RequestStatus.PREFILL
 
 
 def _end_reason(req: Request, token: int) -> str | None:

@@ -191,6 +191,8 @@ class Scheduler:
             assert parent is not None, "_fit left the decodes short of pages"
             return None
         proposals = speculation.fit_proposals(self, decodes, proposals, budget, need)
+        if kv.states is not None:
+            proposals = self._back_up(proposals)
         need += speculation.extra_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
         for req in self.admission.admit(
@@ -212,6 +214,9 @@ class Scheduler:
             pos = req.num_computed
             proposal = proposals.get(req.request_id, [])
             n = 1 + len(proposal)
+            if n == 1 and req.spec_backup >= 0:  # its draft came back empty
+                kv.drop_snapshot(req.spec_backup)
+                req.spec_backup = -1
             tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
             segments.append(
                 Segment(
@@ -229,6 +234,7 @@ class Scheduler:
                     snapshots=state_snapshots.checkpoint(
                         self.kv, self.running.values(), req, pos + 1
                     ),
+                    state_backup=req.spec_backup,
                 )
             )
             sampled += [req] * n
@@ -248,6 +254,21 @@ class Scheduler:
         if not segments:
             return None
         return self._launch(parent, segments, sampled, chunks, drafts)
+
+    def _back_up(self, proposals: dict[str, list[int]]) -> dict[str, list[int]]:
+        """A model with recurrent layers: each verify first copies the state it starts from
+        to a snapshot slot, from which a rejected proposal is replayed (results.py). A
+        request that gets no slot decodes plainly this step."""
+        kept: dict[str, list[int]] = {}
+        for rid, proposal in proposals.items():
+            req = self.running[rid]
+            assert req.spec_backup < 0
+            if proposal:
+                req.spec_backup = self.kv.new_snapshot()
+                if req.spec_backup < 0:
+                    continue
+            kept[rid] = proposal
+        return kept
 
     def _chunk(self, req: Request, budget: int, row: int) -> Segment:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
@@ -421,7 +442,8 @@ class Scheduler:
             req.spec.draft_len = 0  # its next pages may hold anything
         self.kv.drop_snapshot(req.state_src)
         self.kv.drop_snapshot(req.checkpoint)
-        req.state_src = req.checkpoint = -1
+        self.kv.drop_snapshot(req.spec_backup)
+        req.state_src = req.checkpoint = req.spec_backup = -1
         req.checkpoint_pos = 0
         req.snap_targets.clear()
         if req.state_slot >= 0:

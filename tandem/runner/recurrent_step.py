@@ -75,6 +75,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         resident = initial is not None and not fresh
         read = None if fresh or resident else slots([_source(seg) for seg in segs])
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
+        assert all(seg.state_backup < 0 for seg in segs), "a verify of one token"
         copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
         copy = (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
         keep: list | None = None if fresh else [None] * len(sp.specs)
@@ -115,7 +116,12 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
             order += [where[t0 + k] for k in rows]
             read = None if a == 0 else slots([_source(seg) if a == seg.start else seg.state_slot])
             copy = (slots([0]), slots([snaps[b]])) if b in snaps else None
-            states = [StepState(sp, j, write, read, copy) for j in range(len(sp.specs))]
+            # A verify keeps the state it starts from (a rejected proposal replays from it).
+            backup = slots([seg.state_backup]) if a == seg.start and seg.state_backup >= 0 else None
+            assert backup is None or read is not None
+            states = [
+                StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))
+            ]
             x = inputs[t0 : t0 + b - a][None]
             outs.append(runner.call(runner.context([piece], sequence=True), x, rows, states))
     logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)

@@ -78,7 +78,7 @@ class StepState(ArraysCache):
     mlx-lm's empty cache), or given (``initial``: the pool's resident states of exactly these
     rows). ``write_back`` stores what the layer left in the cache to the rows' ``write``
     slots, or into ``keep`` (to become the resident states), and rows ``copies[0]`` also to
-    snapshot slots ``copies[1]``."""
+    snapshot slots ``copies[1]``. ``backup``: slots that get a copy of the states read."""
 
     def __init__(
         self,
@@ -90,6 +90,7 @@ class StepState(ArraysCache):
         *,
         initial: list[mx.array | None] | None = None,
         keep: list[list[mx.array | None] | None] | None = None,
+        backup: mx.array | None = None,
     ) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
@@ -101,6 +102,8 @@ class StepState(ArraysCache):
                 if buf is None:
                     continue
                 self.cache[k] = buf[read]
+                if backup is not None:
+                    buf[backup] = self.cache[k]
 
     def write_back(self) -> None:
         bufs = self.pool.bufs[self.layer]

@@ -193,8 +193,9 @@ class FakeRecurrentRunner(FakeRunner):
     """A fake of a model with recurrent layers: besides the paged "KV", each state slot holds
     the tokens its sequence has consumed (a state is a fold over them). A segment reads its
     state from its hit's snapshot or its own slot (nothing at position 0), which must be
-    exactly its history so far, appends its inputs, copies the state to its snapshot slots at
-    their positions and writes it back; a sample is checked against the pages too. So a
+    exactly its history so far, keeps it in its backup slot (a verify), appends its inputs,
+    copies the state to its snapshot slots at their positions and writes it back; a sample
+    is checked against the pages too. So a
     snapshot at the wrong position, a stale or reused slot, or a state advanced by a step it
     was not in changes or trips the tokens."""
 
@@ -203,6 +204,9 @@ class FakeRecurrentRunner(FakeRunner):
         self.states: dict[int, tuple[int, ...]] = {}
         self.snapshots_taken = 0
         self.snapshot_reads = 0
+        self.backups_taken = 0
+        self.replays = 0  # segments that read a verify's backup
+        self._backups: set[int] = set()
 
     def launch(
         self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
@@ -216,15 +220,24 @@ class FakeRecurrentRunner(FakeRunner):
             else:
                 src = seg.state_src if seg.state_src >= 0 else seg.state_slot
                 self.snapshot_reads += seg.state_src >= 0
+                if seg.state_src in self._backups:  # a rolled-back verify's replay
+                    self._backups.discard(seg.state_src)
+                    self.replays += 1
                 state = self.states.get(src, ())
             assert len(state) == seg.start, f"{seg.request_id}: state at {len(state)}"
             history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(seg.end)]
             assert state == tuple(history[: seg.start]), f"{seg.request_id}: state != its KV"
+            if seg.state_backup >= 0:
+                assert seg.num_samples > 1, "a backup for no verify"
+                self.states[seg.state_backup] = state
+                self.backups_taken += 1
+                self._backups.add(seg.state_backup)
             state += tuple(history[seg.start :])  # type: ignore[arg-type]
             for pos, slot in seg.snapshots:
                 assert seg.start < pos <= seg.end and pos % p == 0
                 self.states[slot] = state[:pos]
                 self.snapshots_taken += 1
+                self._backups.discard(slot)
             self.states[seg.state_slot] = state
         return handle
 

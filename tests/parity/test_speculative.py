@@ -1,7 +1,7 @@
 """N-gram speculative decoding on real tiny models: greedy output equal to mlx-lm's
 ``generate_step`` (and so to Tandem without speculation) under staggered arrivals, prefix
 hits, stop tokens, aborts, page boundaries inside accepted runs and a fuzzed schedule, overlap
-on and off; log-probabilities of accepted tokens; hybrid models refused with the reason."""
+on and off; log-probabilities of accepted tokens (hybrid models: test_speculative_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -63,11 +63,6 @@ def test_fuzzed_schedule_with_speculation_is_token_exact(tiny_model_dir, overlap
     report = fuzz(str(tiny_model_dir("qwen3")), 80, seed, overlap=overlap, speculative="ngram")
     assert report.mismatches == []
     assert report.aborted > 0 and report.hit_tokens > 0 and report.spec_accepted > 0
-
-
-def test_hybrid_models_are_refused_with_the_reason(family_model_dir):
-    with pytest.raises(ValueError, match="speculative decoding is not supported for qwen3_next"):
-        LLM(str(family_model_dir("qwen3_next")), **SPEC)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

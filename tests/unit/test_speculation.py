@@ -403,3 +403,65 @@ def test_a_useless_proposer_makes_new_requests_start_backed_off():
         assert got[f"r{i}"] == expected(i, prompt, 40)
     assert sched.stats.spec_accepted > 0
     assert sched.acceptance.rate > sched.config.speculation.min_acceptance
+
+
+# ---- models with recurrent layers: a verify's backup and the replay -------------------------
+def recurrent_engine(overlap: bool, **cfg):
+    """The n-gram engine on the fake recurrent runner: each segment's state must be exactly
+    its history, so a state advanced over a rejected proposal and not rolled back trips it."""
+    from tandem.testing.fake_runner import FakeRecurrentRunner
+
+    base = {
+        "max_num_seqs": 8,
+        "max_model_len": 4096,
+        "page_size": P,
+        "max_num_batched_tokens": 32,
+        "speculation": SpecConfig(num_tokens=4, max_batch=8, patience=3, backoff=4),
+        "state_slots": 8,
+        "state_snapshots": 16,  # 8 for the prefix cache, 8 for verifies' backups
+    }
+    config = SchedulerConfig(**{**base, **cfg})
+    runner = FakeRecurrentRunner(config.num_pages, config.page_size, token_fn=copying_token)
+    return Engine(runner, config, overlap=overlap, check_invariants=True), runner
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_recurrent_verifies_roll_back_rejected_proposals_by_replay(overlap, prefix_cache):
+    """Accepted runs keep the state the verify left; a rejection resumes from the state
+    before the verify and replays the accepted tokens. Exact, with or without the prefix
+    cache (its snapshot slots double as the backups; without it they are backups only)."""
+    engine, runner = recurrent_engine(overlap, prefix_cache=prefix_cache, state_snapshots=8)
+    prompt = [7, 3, 9, 1, 4, 4, 2]
+    got, reasons = drive(engine, {0: [("a", prompt, 2, 120), ("b", [5, 5, 1], 9, 90)]})
+    assert got["a"] == expected(2, prompt, 120) and got["b"] == expected(9, [5, 5, 1], 90)
+    stats = engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed
+    assert runner.backups_taken == stats.spec_verifies > 5
+    assert 0 < runner.replays < stats.spec_verifies  # some verifies accepted everything
+    assert len(runner.launched) < 120 * 0.8
+    kv = engine.scheduler.kv
+    held = len(kv.tree.snapshot_refs()) if prefix_cache else 0
+    assert kv.states.num_free == kv.states.num - held  # every backup given back
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_recurrent_staggered_load_with_hits_aborts_and_page_pressure_is_exact(overlap):
+    arrivals, want = staggered(random.Random(5))
+    engine, runner = recurrent_engine(overlap, kv_budget_tokens=48 * P, max_num_seqs=6)
+    got, reasons = drive(engine, arrivals, {12: "r4", 25: "r9"})
+    check_staggered(got, reasons, want)
+    stats = engine.scheduler.stats
+    assert stats.spec_accepted > 0 and stats.hit_tokens > 0 and runner.replays > 0
+    assert engine.scheduler.kv.num_held == 0
+
+
+def test_a_verify_without_a_free_backup_slot_decodes_plainly():
+    """Every snapshot slot held (checkpoints of long decodes take up to half, the tree the
+    rest, evictable): with none to spare a request decodes one token instead."""
+    engine, runner = recurrent_engine(False, prefix_cache=False, state_snapshots=1)
+    got, _ = drive(engine, {0: [("a", [7, 3, 9, 1], 2, 40), ("b", [5, 5, 1], 9, 40)]})
+    assert got["a"] == expected(2, [7, 3, 9, 1], 40) and got["b"] == expected(9, [5, 5, 1], 40)
+    verifies = [[s for s in p.segments if s.num_samples > 1] for p in runner.launched]
+    assert max(len(v) for v in verifies) == 1  # one slot: one verify a step
+    assert engine.scheduler.stats.spec_accepted > 0

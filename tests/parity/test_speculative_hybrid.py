@@ -1,0 +1,114 @@
+"""Speculative decoding on models with recurrent layers (Gated DeltaNet beside attention,
+Mamba-2 alone and beside attention in one layer): a verify advances the state over every
+token it feeds, so each keeps the state it starts from in a snapshot slot, and a rejected
+proposal is rolled back by replaying the accepted tokens from there. Greedy output equals
+mlx-lm's ``generate_step`` whatever was accepted: an oracle proposer (mlx-lm's own
+continuation, corrupted at a random position half the time) makes verifies that accept
+everything, some or nothing; the n-gram proposer runs too."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_mlx_lm_parity import greedy, reference
+
+from tandem import LLM
+from tandem.engine import speculation
+from tandem.testing.families import RECURRENT
+
+SPEC = {"speculative": "ngram", "num_speculative_tokens": 4}
+N = 30
+
+
+def prompts_for(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(rng.randint(3, 40))] for _ in range(6)]
+
+
+def oracle(monkeypatch, path, prompts: list[list[int]], seed: int) -> None:
+    """Proposals of mlx-lm's continuation; half of them wrong from a random position on."""
+    refs = {tuple(p): reference(path, p, N) for p in prompts}
+    rng = random.Random(seed)
+
+    def propose(req, cfg) -> list[int]:
+        room = req.params.max_tokens - len(req.output_token_ids) - 1
+        done = len(req.output_token_ids)
+        out = list(refs[tuple(req.prompt_token_ids)][done : done + min(cfg.num_tokens, room)])
+        if out and rng.random() < 0.5:
+            bad = rng.randrange(len(out))
+            out[bad:] = [(t + 1) % 500 for t in out[bad:]]
+        return out
+
+    monkeypatch.setattr(speculation, "propose", propose)
+
+
+@pytest.mark.parametrize("model_type", RECURRENT)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_verifies_accepting_all_some_or_none_match_mlx_lm(
+    family_model_dir, monkeypatch, model_type, overlap
+):
+    path = family_model_dir(model_type)
+    prompts = prompts_for(1)
+    oracle(monkeypatch, path, prompts, seed=2)
+    llm = LLM(str(path), overlap=overlap, check_invariants=True, kv_page_size=4, **SPEC)
+    outs = llm.generate(prompts, greedy(N))
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, N)
+    stats = llm.engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed
+    # Fewer steps than one token a step per request would take.
+    assert llm.engine.loop.num_steps < N
+    kv = llm.engine.scheduler.kv
+    assert kv.states.num_free == kv.states.num - len(kv.tree.snapshot_refs())
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_hits_on_cached_states_and_aborts_with_speculation(
+    family_model_dir, monkeypatch, prefix_cache
+):
+    """A second turn resuming from the first's cached state, requests sharing a prefix,
+    one aborted mid-run; with the prefix cache off the snapshot slots are backups only."""
+    path = family_model_dir("qwen3_next")
+    base = prompts_for(3)[0] + [7] * 9
+    prompts = [base, base + [11, 12], base[:20] + [13]]
+    first = reference(path, base, N)
+    prompts.append(base + first + [9, 10])
+    oracle(monkeypatch, path, prompts, seed=4)
+    llm = LLM(
+        str(path),
+        check_invariants=True,
+        kv_page_size=4,
+        max_num_batched_tokens=16,
+        prefix_cache=prefix_cache,
+        **SPEC,
+    )
+    assert llm.generate([base], greedy(N))[0].token_ids == first
+    engine = llm.engine
+    ids = [engine.add_request(p, greedy(N)) for p in prompts]
+    got: dict[str, list[int]] = {rid: [] for rid in ids}
+    steps = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.finish_reason != "error", out.error
+            got[out.request_id] += out.new_token_ids
+        steps += 1
+        if steps == 6:
+            engine.abort(ids[1])
+    for rid, p in zip(ids, prompts, strict=True):
+        want = reference(path, p, N)
+        assert got[rid] == (want[: len(got[rid])] if rid == ids[1] else want), rid
+    stats = engine.scheduler.stats
+    assert stats.spec_accepted > 0
+    assert (stats.hit_tokens > 0) == prefix_cache
+
+
+def test_ngram_proposals_on_a_hybrid_model_match_mlx_lm(family_model_dir):
+    """The real proposer: on a random model most of its proposals are rejected (replays)."""
+    path = family_model_dir("qwen3_next")
+    prompts = [p * 3 for p in prompts_for(5)]
+    llm = LLM(str(path), check_invariants=True, kv_page_size=4, **SPEC)
+    outs = llm.generate(prompts, greedy(N))
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, N)
+    assert llm.engine.scheduler.stats.spec_verifies > 0
