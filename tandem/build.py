@@ -57,7 +57,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    speculation = _speculation(config)
+    speculation = _speculation(config, runner.recurrent)
     draft = _draft_runner(config, tokenizer, max_model_len) if config.draft_model else None
     # The draft's pool has as many pages as the target's (engine/drafting.py).
     per_token = runner.bytes_per_token + (draft.bytes_per_token if draft else 0)
@@ -75,30 +75,33 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         if snapshots is None:
             cap = int(memory // 4 // runner.state_bytes_per_seq)
             snapshots = min(max(8 * config.max_num_seqs, 64), cap)
-    if state_slots and speculation.enabled:
-        # Each verify keeps the state it starts from in a snapshot slot, to replay from when
-        # a proposal is rejected (engine/results.py): at most max_batch at once, in slots
-        # shared with the prefix cache's snapshots.
-        snapshots += speculation.max_batch
     # More than every sequence at full length (twice, with the prefix cache) is unused; a
     # recurrent model has a prefix cache only with snapshot slots.
     cached = config.prefix_cache and (snapshots > 0 or not state_slots)
+    backups = 0
+    if state_slots and speculation.enabled:
+        # Each verify keeps the state it starts from in a snapshot slot, to replay from when
+        # a proposal is rejected (engine/results.py): at most max_batch verifies at once,
+        # and as many rolled-back requests until their replays launch. Shared with the
+        # prefix cache's snapshots (none without it).
+        backups = 2 * speculation.max_batch
     seqs = config.max_num_seqs * (2 if cached else 1)
     if config.kv_budget_tokens:
         budget = config.kv_budget_tokens
     elif per_token == 0:  # only recurrent layers: pages only count positions
         budget = seqs * max_model_len
     else:
-        memory -= (state_slots + snapshots) * runner.state_bytes_per_seq  # the states first
+        states = state_slots + snapshots + backups
+        memory -= states * runner.state_bytes_per_seq  # the states first
         if state_slots and memory < per_token * max_model_len:
             raise ValueError(
-                f"{state_slots + snapshots} recurrent states of {runner.state_bytes_per_seq} "
+                f"{states} recurrent states of {runner.state_bytes_per_seq} "
                 "bytes leave no memory for KV: lower --max-num-seqs (or --state-snapshots)"
             )
         budget = min(int(memory // per_token), seqs * max_model_len)
     page = config.kv_page_size
     num_pages = max(1, budget // page)
-    runner.allocate_kv(num_pages, page, state_slots + snapshots)
+    runner.allocate_kv(num_pages, page, state_slots + snapshots + backups)
     proposer = None
     if draft is not None:
         from tandem.runner.draft import DraftModel
@@ -116,9 +119,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         )
     if state_slots:
         log.info(
-            "recurrent states: %d running + %d cached (%.1f MiB each)",
+            "recurrent states: %d running + %d cached + %d for verifies (%.1f MiB each)",
             state_slots,
             snapshots,
+            backups,
             runner.state_bytes_per_seq / 2**20,
         )
     log.info(
@@ -139,9 +143,9 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         kv_budget_tokens=num_pages * page,
         page_size=page,
         # A recurrent model's hits resume from state snapshots (none: no prefix cache).
-        prefix_cache=config.prefix_cache,
+        prefix_cache=cached,
         state_slots=state_slots,
-        state_snapshots=snapshots,
+        state_snapshots=snapshots + backups,
         speculation=speculation,
     )
     engine = Engine(
@@ -221,11 +225,17 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
     return runner
 
 
-def _speculation(config: EngineConfig) -> SpecConfig:
+def _speculation(config: EngineConfig, recurrent: bool) -> SpecConfig:
     if config.speculative is None:
         return SpecConfig()
+    max_batch = config.speculative_max_batch
+    if max_batch is None:
+        # With recurrent layers a verify runs along its own (1, K + 1) sequence: each
+        # speculating request is a model call of its own (runner/recurrent_step.py), which
+        # costs more than it gives beside other decodes (docs/benchmarks.md).
+        max_batch = 1 if recurrent else 8
     return SpecConfig(
         num_tokens=config.num_speculative_tokens,
-        max_batch=config.speculative_max_batch,
+        max_batch=max_batch,
         draft=config.speculative == "draft",
     )

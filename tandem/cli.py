@@ -180,8 +180,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument(
         "--speculative-max-batch",
         type=int,
-        default=8,
-        help="no speculation while more requests than this decode",
+        default=None,
+        help="no speculation while more requests than this decode (default 8; 1 for models "
+        "with recurrent layers, where each verify is a model call of its own)",
     )
     p.add_argument(
         "--debug-invariants",

@@ -46,11 +46,12 @@ class EngineConfig:
     state_snapshots: int | None = None
     # Speculative decoding: None (off), "ngram" (prompt lookup) or "draft" (a smaller model
     # with the same tokenizer, draft_model); K proposed tokens per verify; no speculation
-    # once more than speculative_max_batch requests decode.
+    # once more than speculative_max_batch requests decode (None: 8; 1 for models with
+    # recurrent layers, where each speculating request's verify is a model call of its own).
     speculative: str | None = None
     draft_model: str | None = None
     num_speculative_tokens: int = 4
-    speculative_max_batch: int = 8
+    speculative_max_batch: int | None = None
     check_invariants: bool = False
     seed: int | None = None
 
@@ -83,7 +84,7 @@ class EngineConfig:
             )
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
-        if self.speculative_max_batch < 1:
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
             raise ValueError("speculative_max_batch must be >= 1")
         if self.state_snapshots is not None and self.state_snapshots < 0:
             raise ValueError("state_snapshots must be >= 0")

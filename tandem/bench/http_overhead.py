@@ -11,8 +11,9 @@ Per concurrency, all requests sent at once, ``--output-len`` tokens each (ignore
 * the engine's mean step time, offline and in the server's engine process (its
   ``tandem_engine_step_seconds_total`` over ``tandem_engine_steps_total``): the tokenizer,
   the detokenizer and HTTP run in another process, so these should agree;
-* CPU time per output token of the HTTP process (``tandem_http_cpu_seconds_total``) and of
-  the engine process (``tandem_engine_cpu_seconds_total``).
+* CPU time per output token of the HTTP process (``tandem_http_cpu_seconds_total``), of
+  the engine process (``tandem_engine_cpu_seconds_total``) and of this process's load
+  client.
 
 Client, server and engine share the machine's cores: on a small machine the client's own CPU
 competes with both, so repeat and compare medians.
@@ -50,6 +51,7 @@ class Row:
     server_steps: int
     http_cpu_ms_per_token: float
     engine_cpu_ms_per_token: float
+    client_cpu_ms_per_token: float
     server_tokens: int
 
     @property
@@ -64,7 +66,8 @@ class Row:
             f"{self.offline_step_ms:.2f} ms x {self.offline_steps}, server "
             f"{self.server_step_ms:.2f} ms x {self.server_steps} "
             f"({100 * (self.step_ratio - 1):+.1f}%); CPU per token: HTTP "
-            f"{self.http_cpu_ms_per_token:.3f} ms, engine {self.engine_cpu_ms_per_token:.3f} ms"
+            f"{self.http_cpu_ms_per_token:.3f} ms, engine {self.engine_cpu_ms_per_token:.3f} ms, "
+            f"this client {self.client_cpu_ms_per_token:.3f} ms"
         )
 
 
@@ -137,12 +140,15 @@ async def server_tpot(url: str, prompts: list[list[int]], n: int) -> float:
 
 
 def server_run(url: str, prompts: list[list[int]], n: int) -> tuple[float, dict[str, float]]:
-    """Median TPOT (s) through the server, and its counters' growth over the run."""
+    """Median TPOT (s) through the server, its counters' growth over the run, and this
+    process's CPU seconds over it (the load client, on the same cores)."""
     asyncio.run(server_tpot(url, prompts[:1], 4))  # warm-up
     before = scrape(url)
+    cpu = time.process_time()
     tpot = asyncio.run(server_tpot(url, prompts, n))
+    cpu = time.process_time() - cpu
     after = scrape(url)
-    return tpot, {k: after[k] - before[k] for k in COUNTERS}
+    return tpot, {**{k: after[k] - before[k] for k in COUNTERS}, "client_cpu": cpu}
 
 
 def measure(model: str, url: str, concurrency: int, n: int) -> Row:
@@ -169,6 +175,7 @@ def measure(model: str, url: str, concurrency: int, n: int) -> Row:
         server_steps=steps,
         http_cpu_ms_per_token=1e3 * d["tandem_http_cpu_seconds_total"] / tokens,
         engine_cpu_ms_per_token=1e3 * d["tandem_engine_cpu_seconds_total"] / tokens,
+        client_cpu_ms_per_token=1e3 * d["client_cpu"] / tokens,
         server_tokens=tokens,
     )
 

@@ -12,6 +12,12 @@ Workloads:
 - ``random``: random prompt tokens, outputs that copy nothing (what speculation costs when it
   cannot help).
 
+``--oracle P`` replaces the n-gram proposer by one that proposes what speculation off
+generated (the greedy continuation), each proposal wrong from a random position on with
+probability 1 - P: what verification and (on models with recurrent layers) the roll-back of
+rejected proposals cost and give at a chosen acceptance, on random weights, which copy
+nothing real.
+
 Each stream count B runs B such requests together (different files), greedy, EOS ignored,
 first untimed (so the timed runs read their prompts from the prefix cache, and MLX has
 compiled its kernels for the step shapes), then timed. One engine per K (off first) runs
@@ -118,6 +124,24 @@ def mlx_lm_single(
     return rows
 
 
+def oracle(prompts: list[list[int]], outputs: list[list[int]], accept: float, seed: int = 0):
+    """A proposer (``speculation.propose``'s signature) of ``outputs``' continuation for each
+    prompt, wrong from a random position on with probability ``1 - accept``."""
+    refs = {tuple(p): o for p, o in zip(prompts, outputs, strict=True)}
+    rng = random.Random(seed)
+
+    def propose(req, cfg) -> list[int]:
+        room = req.params.max_tokens - len(req.output_token_ids) - 1
+        done = len(req.output_token_ids)
+        out = list(refs[tuple(req.prompt_token_ids)][done : done + min(cfg.num_tokens, room)])
+        if out and rng.random() >= accept:
+            bad = rng.randrange(len(out))
+            out[bad:] = [t + 1 for t in out[bad:]]
+        return out
+
+    return propose
+
+
 def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict[str, Any]:
     from tandem import SamplingParams
 
@@ -163,9 +187,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="speculate with the target's own first N layers as the draft (written to a "
         "temporary folder)",
     )
-    p.add_argument("--speculative-max-batch", type=int, default=8)
+    p.add_argument("--speculative-max-batch", type=int, default=None)
     p.add_argument(
         "--mlx-lm", action="store_true", help="also mlx-lm's speculative path at one stream"
+    )
+    p.add_argument(
+        "--oracle",
+        type=float,
+        help="propose speculation-off's own output, right with this probability per proposal",
     )
     p.add_argument("--json", help="write the results here")
 
@@ -214,6 +243,11 @@ def main(args: argparse.Namespace) -> int:
                 key = (workload, b)
                 if key not in prompts:
                     prompts[key] = make(llm, b, args.prompt_tokens)
+                if k and args.oracle is not None:
+                    from tandem.engine import speculation
+
+                    off = rows[(workload, b, 0)]["token_ids"]
+                    speculation.propose = oracle(prompts[key], off, args.oracle)
                 r = run_config(llm, prompts[key], args.max_tokens, args.repeats)
                 r["workload"] = workload
                 base = rows.get((workload, b, 0), r)
@@ -247,7 +281,11 @@ def main(args: argparse.Namespace) -> int:
     print(table(ordered))
     if args.json:
         keep = [{k: v for k, v in r.items() if k != "token_ids"} for r in ordered]
-        meta = {"draft_model": args.draft_model, "draft_layers": args.draft_layers}
+        meta = {
+            "draft_model": args.draft_model,
+            "draft_layers": args.draft_layers,
+            "oracle": args.oracle,
+        }
         Path(args.json).write_text(json.dumps({"config": meta, "rows": keep}, indent=1))
     tmp.cleanup()
     return 0 if all(r["exact"] for r in ordered) else 1

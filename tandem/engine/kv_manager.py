@@ -80,7 +80,7 @@ class KVManager:
         self.alloc.decref(hit.pages)
         self.drop_snapshot(hit.snapshot)
 
-    # ---- recurrent-state snapshots (self.snapshots is not None) --------------------------
+    # ---- recurrent-state snapshot slots (self.states; the tree's where self.snapshots) ----
     def new_snapshot(self) -> int:
         """A free snapshot slot (the least recently used cached states give theirs up), or
         -1 when every slot is in use by a request."""

@@ -31,8 +31,9 @@ class Request:
     # PrefixCache.insert): released with its pages.
     locked_pages: set[int] = field(default_factory=set)
     state_slot: int = -1  # recurrent-state slot while running (models with recurrent layers)
-    # Recurrent models with the prefix cache: the snapshot slot a hit resumes from (until
-    # the first chunk that reads it is launched), the request's own checkpoint (its state at
+    # Recurrent models: the snapshot slot a prefix hit (or a rolled-back verify's replay)
+    # resumes from (until the first chunk that reads it is launched); with the prefix cache
+    # the request's own checkpoint (its state at
     # ``checkpoint_pos``, a page boundary, cached when it ends) and positions where the
     # cache wants its state kept (where prompts part).
     state_src: int = -1
@@ -60,8 +61,10 @@ class Request:
     # speculates) and whether a verify segment of it is in flight.
     spec: Any | None = None
     spec_inflight: bool = False
-    # Recurrent layers: the snapshot slot holding the state before the verify in flight.
+    # Recurrent layers: the snapshot slot holding the state before the verify in flight,
+    # and whether the request is replaying a rolled-back verify's tokens (engine/results.py).
     spec_backup: int = -1
+    replaying: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -121,6 +121,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
             # Masks make this impossible; if it happens the request fails alone.
             error = f"grammar rejected token {token}: {grammar.error or 'not allowed'}"
             sched.finish(req, "error", emit=False)
+            _roll_back(sched, req, seg, 0)
             return EngineOutput(req.request_id, (), "error", error=error, error_kind="internal")
         req.output_token_ids.append(token)
         emitted.append(token)
@@ -167,6 +168,7 @@ def _roll_back(sched: Scheduler, req: Request, seg: Segment, emitted: int) -> No
     req.state_src = seg.state_backup  # the replay's chunk reads it (and drops it)
     req.num_computed = seg.start
     req.status = RequestStatus.PREFILL
+    req.replaying = True
 
 
 def _end_reason(req: Request, token: int) -> str | None:

@@ -75,6 +75,8 @@ class Scheduler:
             prefix_cache=config.prefix_cache,
             snapshots=snapshots,
         )
+        if config.state_slots and config.speculation.enabled:
+            assert self.kv.states is not None, "recurrent verifies need snapshot slots"
         self.stats = CacheStats()
         self.admission = Admission(
             self.kv, config.max_num_seqs, self.kv.tree is not None, self.stats
@@ -277,7 +279,8 @@ class Scheduler:
         tokens = req.token_ids()
         end = min(len(tokens), start + budget)
         snaps: tuple[tuple[int, int], ...] = ()
-        if self.kv.snapshots is not None:
+        if self.kv.snapshots is not None and not req.replaying:
+            # (A replay's states are mid-output: not worth a cached prefix's slot.)
             end, snaps = state_snapshots.for_chunk(self.kv, req, tokens, start, end)
         sample = end == len(tokens)
         k = req.params.prompt_logprobs
@@ -318,6 +321,7 @@ class Scheduler:
             if seg.sample_row >= 0:
                 req.num_pending_samples += seg.num_samples
                 req.status = RequestStatus.DECODE
+                req.replaying = False
             assert req.num_computed <= len(req.pages) * self.kv.page_size
         for seg in chunks:
             # Launched prefill is visible to later steps' hits (the device runs steps in
@@ -444,6 +448,7 @@ class Scheduler:
         self.kv.drop_snapshot(req.checkpoint)
         self.kv.drop_snapshot(req.spec_backup)
         req.state_src = req.checkpoint = req.spec_backup = -1
+        req.replaying = False
         req.checkpoint_pos = 0
         req.snap_targets.clear()
         if req.state_slot >= 0:

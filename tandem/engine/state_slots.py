@@ -37,7 +37,9 @@ class Snapshots:
     copied at a page boundary, so a later request whose prompt shares the tokens up to that
     position resumes from it (a state cannot be rewound, only restored). A slot is free or
     referenced by: the prefix-cache node it is attached to, the running request whose
-    checkpoint it is, and requests admitted on it whose first chunk has not launched yet."""
+    checkpoint it is, requests admitted on it whose first chunk has not launched yet, and a
+    speculative verify's backup (the state it started from, engine/results.py) until the
+    verify is applied or the replay reading it launches."""
 
     def __init__(self, first: int, num: int) -> None:
         self.first = first

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def _source(seg: Segment) -> int:
-    """The slot a segment's state is read from: a prefix hit's snapshot, else its own."""
+    """The slot a segment's state is read from: a prefix hit's snapshot or a rolled-back
+    verify's backup, else its own."""
     return seg.state_src if seg.state_src >= 0 else seg.state_slot
 
 

@@ -206,6 +206,7 @@ class FakeRecurrentRunner(FakeRunner):
         self.snapshot_reads = 0
         self.backups_taken = 0
         self.replays = 0  # segments that read a verify's backup
+        self.replay_snapshots = 0  # snapshots those kept
         self._backups: set[int] = set()
 
     def launch(
@@ -223,6 +224,7 @@ class FakeRecurrentRunner(FakeRunner):
                 if seg.state_src in self._backups:  # a rolled-back verify's replay
                     self._backups.discard(seg.state_src)
                     self.replays += 1
+                    self.replay_snapshots += len(seg.snapshots)
                 state = self.states.get(src, ())
             assert len(state) == seg.start, f"{seg.request_id}: state at {len(state)}"
             history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(seg.end)]

@@ -17,7 +17,8 @@ from tandem import LLM
 from tandem.engine import speculation
 from tandem.testing.families import RECURRENT
 
-SPEC = {"speculative": "ngram", "num_speculative_tokens": 4}
+# Several requests speculating at once (the default for these models is one at a time).
+SPEC = {"speculative": "ngram", "num_speculative_tokens": 4, "speculative_max_batch": 8}
 N = 30
 
 
@@ -112,3 +113,17 @@ def test_ngram_proposals_on_a_hybrid_model_match_mlx_lm(family_model_dir):
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == reference(path, p, N)
     assert llm.engine.scheduler.stats.spec_verifies > 0
+
+
+def test_recurrent_models_speculate_alone_by_default(family_model_dir, tiny_model_dir):
+    """Each verify of a recurrent model is a model call of its own: by default only a lone
+    decoding request speculates. The verifies' backup slots come on top of the prefix
+    cache's, and --state-snapshots 0 still means no prefix cache."""
+    ngram = {"speculative": "ngram"}
+    hybrid = LLM(str(family_model_dir("qwen3_next")), max_num_seqs=4, **ngram).engine.scheduler
+    assert hybrid.config.speculation.max_batch == 1
+    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + 2
+    plain = LLM(str(tiny_model_dir("llama")), **ngram).engine.scheduler
+    assert plain.config.speculation.max_batch == 8
+    off = LLM(str(family_model_dir("qwen3_next")), state_snapshots=0, **ngram).engine.scheduler
+    assert off.kv.tree is None and off.kv.states.num == 2

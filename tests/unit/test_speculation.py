@@ -439,6 +439,7 @@ def test_recurrent_verifies_roll_back_rejected_proposals_by_replay(overlap, pref
     assert 0 < stats.spec_accepted < stats.spec_proposed
     assert runner.backups_taken == stats.spec_verifies > 5
     assert 0 < runner.replays < stats.spec_verifies  # some verifies accepted everything
+    assert runner.replay_snapshots == 0  # mid-output states: not for the prefix cache
     assert len(runner.launched) < 120 * 0.8
     kv = engine.scheduler.kv
     held = len(kv.tree.snapshot_refs()) if prefix_cache else 0
@@ -457,8 +458,8 @@ def test_recurrent_staggered_load_with_hits_aborts_and_page_pressure_is_exact(ov
 
 
 def test_a_verify_without_a_free_backup_slot_decodes_plainly():
-    """Every snapshot slot held (checkpoints of long decodes take up to half, the tree the
-    rest, evictable): with none to spare a request decodes one token instead."""
+    """One snapshot slot, no prefix cache: while one request's verify holds it as its
+    backup, the other decodes one token instead of speculating."""
     engine, runner = recurrent_engine(False, prefix_cache=False, state_snapshots=1)
     got, _ = drive(engine, {0: [("a", [7, 3, 9, 1], 2, 40), ("b", [5, 5, 1], 9, 40)]})
     assert got["a"] == expected(2, [7, 3, 9, 1], 40) and got["b"] == expected(9, [5, 5, 1], 40)
