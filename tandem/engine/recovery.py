@@ -1,13 +1,15 @@
-"""After a failed step: the runner has dropped every in-flight step and its KV; the
-scheduler's accounting of them is undone and every running request resumes by prefill (or,
-where it was the failure, ends with an error)."""
+"""Retraction: a running request gives its pages back and queues again, to resume by
+prefill. Under KV pressure (``fit``: the most recently admitted first, while the decodes'
+next pages do not fit), and after a failed step (``recover``): the runner has dropped every
+in-flight step and its KV; the scheduler's accounting of them is undone and every running
+request resumes by prefill (or, where it was the failure, ends with an error)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tandem.engine.request import Request
+from tandem.engine.request import Request, RequestStatus
 from tandem.outputs import EngineOutput
 
 if TYPE_CHECKING:
@@ -35,10 +37,48 @@ def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: 
         elif req.request_id in failed:
             _fail(sched, req, error or "step failed", "resource" if oom else "internal")
         else:
-            sched._retract(req, cache=False)
+            retract(sched, req, cache=False)
     if sched.kv.states is not None:
         # Slots a plan that never launched had taken have no holder to give them back.
         sched.kv.states.reset()
+
+
+def fit(sched: Scheduler) -> None:
+    """Nothing is in flight: while the running decodes' next tokens need more pages than
+    the pool can give, retract the most recently admitted request."""
+    kv = sched.kv
+    while True:
+        live = [r for r in sched.running.values() if not r.finished]
+        need = sum(
+            r.status is RequestStatus.DECODE and r.num_computed // kv.page_size >= len(r.pages)
+            for r in live
+        )
+        if need <= kv.available() or not live:
+            return
+        retract(sched, max(live, key=lambda r: r.admit_order))
+
+
+def retract(sched: Scheduler, req: Request, *, cache: bool = True) -> None:
+    """Give a running request's pages back (its written whole pages stay cached) and queue
+    it first; it resumes by prefilling its prompt and output so far, from the cache where
+    the pages are still there."""
+    assert req.num_inflight == 0
+    if cache:
+        sched._cache(req)
+    sched._release(req)
+    req.status = RequestStatus.WAITING
+    req.num_computed = 0
+    req.num_retractions += 1
+    # A resumed sample of n > 1 must not wait for its leader: the leader may be queued
+    # behind it now, and its prompt KV may be gone anyway.
+    req.follows = None
+    if not req.cache_reported:
+        req.prompt_logprobs = None  # recomputed in full by the re-prefill
+    sched.stats.retractions += 1
+    del sched.running[req.request_id]
+    sched.waiting.appendleft(req)
+    sched._waiting_ids.add(req.request_id)
+    sched.admission.blocked = False
 
 
 def _fail(sched: Scheduler, req: Request, error: str, kind: str) -> None:

@@ -159,7 +159,7 @@ class Scheduler:
         finalized parent allows: retracting a request to free pages."""
         kv = self.kv
         if parent is None:
-            self._fit()
+            recovery.fit(self)  # KV pressure: retract the latest admitted
         lazy = {rid: row for row, rid in enumerate(parent.sample_request_ids)} if parent else {}
         budget = self.max_step_tokens
         decodes: list[tuple[Request, int]] = []  # (request, parent row or -1)
@@ -190,11 +190,11 @@ class Scheduler:
                     proposals[req.request_id] = speculation.propose(req, self.config.speculation)
             need += req.num_computed // kv.page_size >= len(req.pages)
         if need > kv.available():
-            assert parent is not None, "_fit left the decodes short of pages"
+            assert parent is not None, "recovery.fit left the decodes short of pages"
             return None
         proposals = speculation.fit_proposals(self, decodes, proposals, budget, need)
         if kv.states is not None:
-            proposals = self._back_up(proposals)
+            proposals = speculation.back_up(self, proposals)
         need += speculation.extra_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
         for req in self.admission.admit(
@@ -257,21 +257,6 @@ class Scheduler:
             return None
         return self._launch(parent, segments, sampled, chunks, drafts)
 
-    def _back_up(self, proposals: dict[str, list[int]]) -> dict[str, list[int]]:
-        """A model with recurrent layers: each verify first copies the state it starts from
-        to a snapshot slot, from which a rejected proposal is replayed (results.py). A
-        request that gets no slot decodes plainly this step."""
-        kept: dict[str, list[int]] = {}
-        for rid, proposal in proposals.items():
-            req = self.running[rid]
-            assert req.spec_backup < 0
-            if proposal:
-                req.spec_backup = self.kv.new_snapshot()
-                if req.spec_backup < 0:
-                    continue
-            kept[rid] = proposal
-        return kept
-
     def _chunk(self, req: Request, budget: int, row: int) -> Segment:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
         (then the request decodes: routed by state, a last chunk may be one token)."""
@@ -285,7 +270,7 @@ class Scheduler:
         sample = end == len(tokens)
         k = req.params.prompt_logprobs
         # Until the first output is reported the prompt's entries are still owed (a
-        # retraction before then dropped the partial list; see _retract).
+        # retraction before then dropped the partial list; see recovery.retract).
         scored_end = min(end, req.num_prompt_tokens - 1)
         want = k is not None and not req.cache_reported and scored_end > start
         return Segment(
@@ -349,43 +334,6 @@ class Scheduler:
             reuse_sampling=reuse,
             drafts=tuple(drafts),
         )
-
-    # ---- KV pressure: retraction --------------------------------------------------------
-    def _fit(self) -> None:
-        """Nothing is in flight: while the running decodes' next tokens need more pages than
-        the pool can give, retract the most recently admitted request."""
-        kv = self.kv
-        while True:
-            live = [r for r in self.running.values() if not r.finished]
-            need = sum(
-                r.status is RequestStatus.DECODE and r.num_computed // kv.page_size >= len(r.pages)
-                for r in live
-            )
-            if need <= kv.available() or not live:
-                return
-            self._retract(max(live, key=lambda r: r.admit_order))
-
-    def _retract(self, req: Request, *, cache: bool = True) -> None:
-        """Give a running request's pages back (its written whole pages stay cached) and
-        queue it first; it resumes by prefilling its prompt and output so far, from the cache
-        where the pages are still there."""
-        assert req.num_inflight == 0
-        if cache:
-            self._cache(req)
-        self._release(req)
-        req.status = RequestStatus.WAITING
-        req.num_computed = 0
-        req.num_retractions += 1
-        # A resumed sample of n > 1 must not wait for its leader: the leader may be queued
-        # behind it now, and its prompt KV may be gone anyway.
-        req.follows = None
-        if not req.cache_reported:
-            req.prompt_logprobs = None  # recomputed in full by the re-prefill
-        self.stats.retractions += 1
-        del self.running[req.request_id]
-        self.waiting.appendleft(req)
-        self._waiting_ids.add(req.request_id)
-        self.admission.blocked = False
 
     def _leader_prefilling(self, req: Request) -> bool:
         if req.follows is None:

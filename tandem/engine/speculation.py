@@ -307,3 +307,19 @@ def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
         if seg.draft < 0  # (a draft's proposals are never penalized)
         for row in seg.later_rows
     }
+
+
+def back_up(sched: Scheduler, proposals: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A model with recurrent layers: each verify first copies the state it starts from to a
+    snapshot slot, from which a rejected proposal is replayed (results.py). A request that
+    gets no slot decodes plainly this step."""
+    kept: dict[str, list[int]] = {}
+    for rid, proposal in proposals.items():
+        req = sched.running[rid]
+        assert req.spec_backup < 0
+        if proposal:
+            req.spec_backup = sched.kv.new_snapshot()
+            if req.spec_backup < 0:
+                continue
+        kept[rid] = proposal
+    return kept
