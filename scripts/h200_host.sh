@@ -2,7 +2,7 @@
 # Issue 16 on the H200: in-place KV writes checked token for token, then where a decode step's
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
-#   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline" bash scripts/h200_host.sh DIR
+#   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
 set -u
 out=${1:-${OUT:-/tmp}/host}
 parts=${PARTS:-check profile}
@@ -34,5 +34,12 @@ for part in $parts; do
         --input-len 128 --output-len 128 --single-tokens 256 --repeats 2 --overlap-batch 0 \
         --engine-options "$opt" --json "$out/offline-8b-inplace-$o.json" 2>&1 | grep -v "^\[transformers\]" | tail -8
     done ;;
+  http)
+    # Item 5: the engine's step time in the server vs offline, CPU per token of the HTTP
+    # process (random Qwen3-0.6B shape; the GGUF default model is not on the device).
+    python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3-0.6b', 'bfloat16', Path('/tmp/m06'))"
+    timeout 400 python3 -m tandem.bench.http_overhead --model /tmp/m06/qwen3-0.6b \
+      --concurrency 1,16,64,256 --output-len 64 --json "$out/http-0.6b.json" 2>&1 \
+      | grep -v "^\[transformers\]" | tail -5 ;;
   esac
 done
