@@ -124,9 +124,12 @@ def mlx_lm_single(
     return rows
 
 
-def oracle(prompts: list[list[int]], outputs: list[list[int]], accept: float, seed: int = 0):
+def oracle(
+    prompts: list[list[int]], outputs: list[list[int]], accept: float, vocab: int, seed: int = 0
+):
     """A proposer (``speculation.propose``'s signature) of ``outputs``' continuation for each
-    prompt, wrong from a random position on with probability ``1 - accept``."""
+    prompt, wrong from a random position on with probability ``1 - accept`` (the next token
+    id, within the ``vocab``). The hybrid speculation tests use it too."""
     refs = {tuple(p): o for p, o in zip(prompts, outputs, strict=True)}
     rng = random.Random(seed)
 
@@ -136,7 +139,7 @@ def oracle(prompts: list[list[int]], outputs: list[list[int]], accept: float, se
         out = list(refs[tuple(req.prompt_token_ids)][done : done + min(cfg.num_tokens, room)])
         if out and rng.random() >= accept:
             bad = rng.randrange(len(out))
-            out[bad:] = [t + 1 for t in out[bad:]]
+            out[bad:] = [(t + 1) % vocab for t in out[bad:]]
         return out
 
     return propose
@@ -247,7 +250,8 @@ def main(args: argparse.Namespace) -> int:
                     from tandem.engine import speculation
 
                     off = rows[(workload, b, 0)]["token_ids"]
-                    speculation.propose = oracle(prompts[key], off, args.oracle)
+                    vocab = llm.engine.vocab_size or llm.tokenizer.vocab_size
+                    speculation.propose = oracle(prompts[key], off, args.oracle, vocab)
                 r = run_config(llm, prompts[key], args.max_tokens, args.repeats)
                 r["workload"] = workload
                 base = rows.get((workload, b, 0), r)

@@ -38,9 +38,9 @@ class Segment:
     next_tokens: tuple[int, ...] = ()
     # The request's recurrent-state slot (models with recurrent layers; -1: none), the slot
     # its state is read from instead (a prefix hit's snapshot, or a rolled-back verify's
-    # backup; -1: its own), and (position,
-    # slot) pairs: after the positions before ``position`` the state is also copied to
-    # ``slot`` (page boundaries in (start, end], ascending).
+    # backup; -1: its own), and (position, slot) pairs: after the positions before
+    # ``position`` the state is also copied to ``slot`` (page boundaries in (start, end],
+    # ascending).
     state_slot: int = -1
     state_src: int = -1
     snapshots: tuple[tuple[int, int], ...] = ()

@@ -33,9 +33,8 @@ class Request:
     state_slot: int = -1  # recurrent-state slot while running (models with recurrent layers)
     # Recurrent models: the snapshot slot a prefix hit (or a rolled-back verify's replay)
     # resumes from (until the first chunk that reads it is launched); with the prefix cache
-    # the request's own checkpoint (its state at
-    # ``checkpoint_pos``, a page boundary, cached when it ends) and positions where the
-    # cache wants its state kept (where prompts part).
+    # the request's own checkpoint (its state at ``checkpoint_pos``, a page boundary, cached
+    # when it ends) and positions where the cache wants its state kept (where prompts part).
     state_src: int = -1
     checkpoint: int = -1
     checkpoint_pos: int = 0

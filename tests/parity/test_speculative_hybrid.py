@@ -29,19 +29,10 @@ def prompts_for(seed: int) -> list[list[int]]:
 
 def oracle(monkeypatch, path, prompts: list[list[int]], seed: int) -> None:
     """Proposals of mlx-lm's continuation; half of them wrong from a random position on."""
-    refs = {tuple(p): reference(path, p, N) for p in prompts}
-    rng = random.Random(seed)
+    from tandem.bench.speculative import oracle as make
 
-    def propose(req, cfg) -> list[int]:
-        room = req.params.max_tokens - len(req.output_token_ids) - 1
-        done = len(req.output_token_ids)
-        out = list(refs[tuple(req.prompt_token_ids)][done : done + min(cfg.num_tokens, room)])
-        if out and rng.random() < 0.5:
-            bad = rng.randrange(len(out))
-            out[bad:] = [(t + 1) % 500 for t in out[bad:]]
-        return out
-
-    monkeypatch.setattr(speculation, "propose", propose)
+    refs = [reference(path, p, N) for p in prompts]
+    monkeypatch.setattr(speculation, "propose", make(prompts, refs, 0.5, 500, seed))
 
 
 @pytest.mark.parametrize("model_type", RECURRENT)
