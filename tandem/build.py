@@ -86,22 +86,40 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         # prefix cache's snapshots (none without it).
         backups = 2 * speculation.max_batch
     seqs = config.max_num_seqs * (2 if cached else 1)
-    if config.kv_budget_tokens:
-        budget = config.kv_budget_tokens
-    elif per_token == 0:  # only recurrent layers: pages only count positions
-        budget = seqs * max_model_len
-    else:
-        states = state_slots + snapshots + backups
-        memory -= states * runner.state_bytes_per_seq  # the states first
-        if state_slots and memory < per_token * max_model_len:
-            raise ValueError(
-                f"{states} recurrent states of {runner.state_bytes_per_seq} "
-                "bytes leave no memory for KV: lower --max-num-seqs (or --state-snapshots)"
-            )
-        budget = min(int(memory // per_token), seqs * max_model_len)
     page = config.kv_page_size
-    num_pages = max(1, budget // page)
-    runner.allocate_kv(num_pages, page, state_slots + snapshots + backups)
+    step_tokens = _step_tokens(runner, config, max_model_len, page)
+    window = runner.max_window
+    window_pages = _window_pages(config, window, page, step_tokens)
+    states = state_slots + snapshots + backups
+    memory -= states * runner.state_bytes_per_seq  # the states first
+    if (
+        state_slots
+        and per_token
+        and not config.kv_budget_tokens
+        and memory < per_token * max_model_len
+    ):
+        raise ValueError(
+            f"{states} recurrent states of {runner.state_bytes_per_seq} "
+            "bytes leave no memory for KV: lower --max-num-seqs (or --state-snapshots)"
+        )
+
+    def full_pages(wbytes: int) -> int:
+        """Pages of the full-attention layers, next to ``window_pages`` of ``wbytes``."""
+        if config.kv_budget_tokens:
+            budget = config.kv_budget_tokens
+        elif per_token == wbytes:  # no full-attention KV: pages only count positions
+            budget = seqs * max_model_len
+        else:
+            rest = max(0, memory - window_pages * page * wbytes)
+            budget = min(int(rest // (per_token - wbytes)), seqs * max_model_len)
+        return max(1, budget // page)
+
+    wbytes = runner.window_bytes_per_token() if window_pages else 0
+    num_pages = full_pages(wbytes)
+    if window_pages and config.kv_window_pages is None and window_pages >= num_pages:
+        window_pages = wbytes = 0  # no fewer than the full pages: one group does
+        num_pages = full_pages(0)
+    runner.allocate_kv(num_pages, page, states, window_pages)
     proposer = None
     if draft is not None:
         from tandem.runner.draft import DraftModel
@@ -129,12 +147,19 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         "KV pool %d pages of %d tokens (%.1f MiB, %d B/token, %s); max_model_len %d",
         num_pages,
         page,
-        num_pages * page * per_token / 2**20,
+        (num_pages * (per_token - wbytes) + window_pages * wbytes) * page / 2**20,
         per_token,
         runner.kv_description,
         max_model_len,
     )
-    step_tokens = _step_tokens(runner, config, max_model_len, page)
+    if window_pages:
+        log.info(
+            "sliding-window layers (window %d): %d pages of their own (%d of the B/token), "
+            "freed behind the window",
+            window,
+            window_pages,
+            wbytes,
+        )
     sched = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
@@ -147,6 +172,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         state_slots=state_slots,
         state_snapshots=snapshots + backups,
         speculation=speculation,
+        window=window if window_pages else 0,
+        window_pages=window_pages,
     )
     engine = Engine(
         runner,
@@ -160,6 +187,18 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         proposer=proposer,
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)
+
+
+def _window_pages(config: EngineConfig, window: int, page: int, step_tokens: int) -> int:
+    """Pages of the sliding-window layers' group: as set, else enough that every sequence
+    holds its window (its pages behind it are freed a step late) while two steps' tokens
+    are written, so their pages never run short; 0 without windowed layers."""
+    if not window or config.kv_window_pages == 0:
+        return 0
+    if config.kv_window_pages is not None:
+        return config.kv_window_pages
+    per_seq = -(-window // page) + 3
+    return config.max_num_seqs * per_seq + 2 * -(-step_tokens // page)
 
 
 def _step_tokens(runner, config: EngineConfig, max_model_len: int, page: int) -> int:

@@ -79,6 +79,7 @@ def _engine_config(args: argparse.Namespace):
         kv_memory_fraction=args.kv_memory_fraction,
         kv_budget_tokens=args.kv_budget_tokens,
         kv_page_size=args.kv_page_size,
+        kv_window_pages=args.kv_window_pages,
         kv_cache_dtype=args.kv_cache_dtype,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
@@ -143,6 +144,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     )
     p.add_argument("--kv-budget-tokens", type=int, help="KV pool size in tokens (overrides)")
     p.add_argument("--kv-page-size", type=int, default=16, help="positions per KV page")
+    p.add_argument(
+        "--kv-window-pages",
+        type=int,
+        help="pages of the sliding-window layers' own group, freed behind the window "
+        "(default: sized for every sequence's window; 0: no group)",
+    )
     p.add_argument(
         "--kv-cache-dtype",
         choices=tuple(KV_CACHE_DTYPES),

@@ -24,6 +24,11 @@ class EngineConfig:
     kv_memory_fraction: float | None = None
     kv_budget_tokens: int | None = None  # overrides kv_memory_fraction
     kv_page_size: int = 16  # positions per KV page (docs/design.md: why 16)
+    # Sliding-window layers keep their pages in a group of their own, freed behind the
+    # window while a request runs: its size in pages (None: enough for every sequence's
+    # window and two steps of tokens, the rest of the memory to the full-attention pages;
+    # 0: no group, those layers keep every position like the others).
+    kv_window_pages: int | None = None
     # Two KV buffer sets so a step never writes what the in-flight step reads (None: with
     # overlap on the CPU backend). Costs 2x KV memory; without it MLX may copy whole buffers.
     kv_double_buffer: bool | None = None
@@ -65,6 +70,8 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
+        if self.kv_window_pages is not None and self.kv_window_pages < 0:
+            raise ValueError("kv_window_pages must be >= 0")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):
             raise ValueError("kv_page_size must be a power of two")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -44,9 +44,12 @@ class Admission:
         num_running: int,
         reserve: int,
         leader_prefilling: Callable[[Request], bool],
+        window_reserve: int = 0,
     ) -> list[Request]:
         """Pop the requests that start now from the head of ``waiting``; each comes back in
-        PREFILL with its page table and ``num_computed`` at its cache hit."""
+        PREFILL with its page table and ``num_computed`` at its cache hit. ``reserve`` pages
+        (and ``window_reserve`` of the window group, whose cached pages a hit takes) stay
+        for the running decodes."""
         kv = self.kv
         admitted: list[Request] = []
         self.blocked = False
@@ -76,7 +79,7 @@ class Admission:
                     kv.unmatch(hit)
                     break
             need = kv.pages_for(len(tokens)) - len(hit.pages)
-            if need + reserve > kv.available():
+            if need + reserve > kv.available() or window_reserve > kv.window_available():
                 kv.unmatch(hit)
                 self.blocked = True
                 break
@@ -85,6 +88,9 @@ class Admission:
             except Exception:
                 kv.unmatch(hit)
                 raise
+            # The window group's pages come as positions are written (scheduler._chunk).
+            req.wpages = list(hit.wpages)
+            req.wfree = next((i for i, pg in enumerate(req.wpages) if pg >= 0), 0)
             # A recurrent model resumes from the hit's state; where the cache matched more
             # tokens than it has a state for, keep the state there this time.
             req.state_src = hit.snapshot

@@ -56,10 +56,11 @@ def allocate(
     drafting = sched.proposer is not None and bool(proposals)
     pages_before = {r.request_id: len(r.pages) for r, _ in decodes} if drafting else {}
     for req, _ in decodes:  # first: a draft writes its proposals' positions
-        short = kv.pages_for(req.num_computed + 1 + len(proposals.get(req.request_id, ())))
-        short -= len(req.pages)
+        end = req.num_computed + 1 + len(proposals.get(req.request_id, ()))
+        short = kv.pages_for(end) - len(req.pages)
         if short > 0:
             req.pages += kv.allocate(short)
+        kv.grow_window(req, end)
     if not drafting:
         return proposals, []
     return draft(sched, proposals, pages_before)
@@ -127,7 +128,5 @@ def draft(
     for rid in proposals:
         req = sched.running[rid]
         keep = max(pages_before[rid], kv.pages_for(req.num_computed + 1 + len(out.get(rid, ()))))
-        if len(req.pages) > keep:
-            kv.release(req.pages[keep:])
-            del req.pages[keep:]
+        kv.truncate(req, keep)
     return out, lazy

@@ -33,6 +33,8 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
             expected[p] = expected.get(p, 0) + 1
     for p, r in enumerate(alloc.refs):
         assert r == expected.get(p, 0), f"page {p}: {r} references, {expected.get(p, 0)} holders"
+    if kv.walloc is not None:
+        _check_window(sched, inflight)
 
     if sched.state_slots is not None:
         sched.state_slots.check([r.state_slot for r in sched.running.values()])
@@ -81,3 +83,39 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
             assert req.num_computed < req.num_tokens, f"{rid}: prefill overran"
     for rid in refs:
         assert rid in sched.running, f"in-flight step references released {rid}"
+
+
+def _check_window(sched: Scheduler, inflight: list[StepPlan]) -> None:
+    """The window group: references balance; a request's window pages cover what it has
+    written except wholly behind the window; every page an in-flight step reads (the last
+    W positions before each of its tokens) is still the request's."""
+    kv = sched.kv
+    walloc = kv.walloc
+    assert walloc is not None
+    walloc.check()
+    expected = kv.tree.wpage_refs() if kv.tree is not None else {}
+    for req in sched.running.values():
+        held = [pg for pg in req.wpages if pg >= 0]
+        assert len(set(held)) == len(held), f"{req.request_id} lists a window page twice"
+        assert all(pg < 0 for pg in req.wpages[: req.wfree]), "a page below wfree is held"
+        for pg in held:
+            expected[pg] = expected.get(pg, 0) + 1
+        if not req.finished and req.num_computed:
+            lo = max(0, req.num_computed - kv.window + 1) // kv.page_size
+            top = kv.pages_for(req.num_computed)
+            assert len(req.wpages) >= top, f"{req.request_id}: written past its window pages"
+            assert all(pg >= 0 for pg in req.wpages[lo:top]), (
+                f"{req.request_id}: a window page inside the window is gone"
+            )
+    for p, r in enumerate(walloc.refs):
+        assert r == expected.get(p, 0), f"window page {p}: {r} refs, {expected.get(p, 0)} holders"
+    for plan in inflight:
+        for seg in plan.segments:
+            req = sched.running[seg.request_id]
+            lo = max(0, seg.start - kv.window + 1) // kv.page_size
+            for i in range(lo, kv.pages_for(seg.end)):
+                assert seg.wpages[i] >= 0, f"{seg.request_id} reads a freed window page"
+                if not req.finished and i < len(req.wpages):
+                    assert req.wpages[i] == seg.wpages[i], (
+                        f"{seg.request_id}: window page {i} freed while a step reads it"
+                    )

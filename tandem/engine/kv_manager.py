@@ -1,12 +1,21 @@
 """The one manager of KV memory on the scheduler's side: the page pool's allocator, the
 prefix cache over it, the budget (pages in use + cached <= pool), and for models with
 recurrent layers the snapshot slots the prefix cache keeps states in (and speculative
-verifies keep the state they start from in)."""
+verifies keep the state they start from in).
+
+Models with sliding-window layers have a second page group (``window``, ``walloc``): those
+layers' pools hold fewer pages, a request's ``wpages`` table lists them at the same
+positions as ``pages``, they are allocated as positions are written (``grow_window``) and
+freed once wholly behind the widest window (``free_behind``), so a long request holds about
+W positions of them, not its length. -1 in ``wpages`` marks a freed (or never cached)
+page, which no step reads.
+"""
 
 from __future__ import annotations
 
 from tandem.engine.pages import PageAllocator
 from tandem.engine.prefix_cache import PrefixCache, StateHit
+from tandem.engine.request import Request
 from tandem.engine.state_slots import Snapshots
 
 
@@ -18,9 +27,20 @@ class KVManager:
         *,
         prefix_cache: bool,
         snapshots: Snapshots | None = None,
+        window: int = 0,
+        window_pages: int = 0,
     ) -> None:
         self.page_size = page_size
         self.alloc = PageAllocator(num_pages)
+        # The window group: positions the widest window reads (0: no group), its pages.
+        self.window = window if window_pages else 0
+        self.walloc = PageAllocator(window_pages) if self.window else None
+        if self.window and window_pages < self.pages_for(window) + 2:
+            # A request alone holds its window's pages and needs one more to go on.
+            raise ValueError(
+                f"{window_pages} window pages cannot hold a window of {window} positions "
+                f"(at least {self.pages_for(window) + 2} pages of {page_size})"
+            )
         # Recurrent models: no snapshot slots, no prefix cache (nothing to resume from).
         if snapshots is not None and snapshots.num == 0:
             prefix_cache, snapshots = False, None
@@ -28,8 +48,15 @@ class KVManager:
         # where the prefix cache keeps states in them.
         self.states = snapshots
         self.snapshots = snapshots if prefix_cache else None
-        self.tree = PrefixCache(self.alloc, page_size, self.snapshots) if prefix_cache else None
+        self.tree = (
+            PrefixCache(
+                self.alloc, page_size, self.snapshots, window_alloc=self.walloc, window=self.window
+            )
+            if prefix_cache
+            else None
+        )
         self.evicted_pages = 0
+        self.dropped_window_pages = 0
         self.evicted_snapshots = 0
 
     @property
@@ -62,23 +89,69 @@ class KVManager:
 
     def match(self, tokens: list[int], limit: int) -> StateHit:
         """Cached pages for a prefix of ``tokens[:limit]``, referenced for the caller; with
-        recurrent layers cut at the deepest snapshot, whose slot is referenced too."""
+        recurrent layers cut at the deepest snapshot, whose slot is referenced too; with a
+        window group where the window's pages are cached."""
         if self.tree is None:
             return StateHit([], -1, 0)
-        if self.snapshots is None:
-            pages = self.tree.match(tokens, limit)
-            hit = StateHit(pages, -1, len(pages) * self.page_size)
-        else:
-            hit = self.tree.match_state(tokens, limit)
-            if hit.snapshot >= 0:
-                self.snapshots.incref(hit.snapshot)
+        hit = self.tree.match_hit(tokens, limit)
+        if hit.snapshot >= 0:
+            assert self.snapshots is not None
+            self.snapshots.incref(hit.snapshot)
         self.alloc.incref(hit.pages)
+        if self.walloc is not None:
+            self.walloc.incref([pg for pg in hit.wpages if pg >= 0])
         return hit
 
     def unmatch(self, hit: StateHit) -> None:
         """Give back what ``match`` referenced."""
         self.alloc.decref(hit.pages)
+        if self.walloc is not None:
+            self.walloc.decref([pg for pg in hit.wpages if pg >= 0])
         self.drop_snapshot(hit.snapshot)
+
+    # ---- the window group -------------------------------------------------------------
+    def window_available(self) -> int:
+        if self.walloc is None:
+            return 1 << 62
+        return self.walloc.num_free + self.walloc.num_cached
+
+    def window_need(self, req: Request, end: int) -> int:
+        """Window pages ``req`` lacks for positions ``[0, end)``."""
+        if self.walloc is None:
+            return 0
+        return max(0, self.pages_for(end) - len(req.wpages))
+
+    def grow_window(self, req: Request, end: int) -> None:
+        """Window pages for positions up to ``end`` (the caller checked the room)."""
+        n = self.window_need(req, end)
+        if n:
+            assert self.walloc is not None
+            short = n - self.walloc.num_free
+            if short > 0 and self.tree is not None:
+                self.dropped_window_pages += self.tree.drop_window(short)
+            req.wpages += self.walloc.allocate(n)
+
+    def free_behind(self, req: Request, start: int) -> None:
+        """Free the window pages no step from position ``start`` on reads: those wholly
+        before the widest window of ``start`` (the prefix cache may keep them)."""
+        if self.walloc is None:
+            return
+        dead = min(max(0, start - self.window + 1) // self.page_size, len(req.wpages))
+        for i in range(req.wfree, dead):
+            if req.wpages[i] >= 0:
+                self.walloc.decref([req.wpages[i]])
+                req.wpages[i] = -1
+        req.wfree = max(req.wfree, dead)
+
+    def truncate(self, req: Request, keep: int) -> None:
+        """Give back ``req``'s pages (both groups) past its first ``keep``."""
+        if len(req.pages) > keep:
+            self.alloc.decref(req.pages[keep:])
+            del req.pages[keep:]
+        if len(req.wpages) > keep:
+            assert self.walloc is not None
+            self.walloc.decref([pg for pg in req.wpages[keep:] if pg >= 0])
+            del req.wpages[keep:]
 
     # ---- recurrent-state snapshot slots (self.states; the tree's where self.snapshots) ----
     def new_snapshot(self) -> int:
@@ -108,26 +181,32 @@ class KVManager:
             assert self.states is not None
             self.states.decref(slot)
 
-    def cache(self, tokens: list[int], pages: list[int], length: int, locks: set[int]) -> int:
-        """Offer the whole pages of positions ``[0, length)`` (written with ``tokens``) of a
-        request whose extra page locks are ``locks`` (updated: the tree's own pages on the
-        path, which the request must keep alive while it lives). Returns the positions now
-        cached."""
+    def cache(self, req: Request, tokens: list[int], length: int) -> int:
+        """Offer the whole pages of positions ``[0, length)`` (written with ``tokens``) of
+        ``req``, whose extra page locks (``locked_pages``) are updated: the tree's own pages
+        on the path, which the request must keep alive while it lives. Returns the
+        positions now cached."""
         if self.tree is None:
             return 0
+        pages, locks = req.pages, req.locked_pages
         n = min(length // self.page_size, len(pages))
+        if self.walloc is not None:
+            n = min(n, len(req.wpages))
         if n:
-            new = [p for p in self.tree.insert(tokens[: n * self.page_size], pages[:n])]
+            wpages = req.wpages[:n] if self.walloc is not None else ()
+            new = [p for p in self.tree.insert(tokens[: n * self.page_size], pages[:n], wpages)]
             new = [p for p in dict.fromkeys(new) if p not in locks]
             self.alloc.incref(new)
             locks.update(new)
         return n * self.page_size
 
-    def release(self, pages: list[int], locks: set[int] | None = None) -> None:
-        self.alloc.decref(pages)
-        if locks:
-            self.alloc.decref(list(locks))
-            locks.clear()
+    def release(self, req: Request) -> None:
+        """Give back every page ``req`` holds or locks."""
+        self.truncate(req, 0)
+        req.wfree = 0
+        if req.locked_pages:
+            self.alloc.decref(list(req.locked_pages))
+            req.locked_pages.clear()
 
     def clear_cache(self) -> None:
         if self.tree is not None:

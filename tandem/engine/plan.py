@@ -23,6 +23,9 @@ class Segment:
     pages: tuple[int, ...]  # the request's page table, covering [0, start + num_tokens)
     parent_row: int = -1
     sample_row: int = -1  # >= 0: the last position is sampled into this output row
+    # Models with sliding-window layers: those layers' page table (engine/kv_manager.py's
+    # window group; -1 behind the window, never read); () where the model has none.
+    wpages: tuple[int, ...] = ()
     # A speculative verify segment samples its last ``num_samples`` positions into rows
     # sample_row .. sample_row + num_samples - 1; its token_ids are the request's last
     # token and the proposed ones (engine/speculation.py).

@@ -11,7 +11,13 @@ evictable (least recently used first). Pages a live request holds are locked by 
 
 Models with recurrent layers: a node may also hold a *snapshot*, the recurrent state after the
 tokens up to its end (a slot of ``Snapshots``). Such a model can only resume where a state
-was kept, so its hits end at the deepest snapshot on the matched path (``match_state``).
+was kept, so its hits end at the deepest snapshot on the matched path (``match_hit``).
+
+Models with sliding-window layers whose pages are freed behind the window (``KVManager``'s
+window group): each node also lists the window layers' pages of its positions, -1 where none
+is kept. A hit of ``L`` tokens needs the window pages of positions ``[L - W + 1, L)``, so it
+ends where they are all there. A window page only the tree holds may be dropped on its own,
+wherever it is (``drop_window``): a node keeps its full-attention pages without it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class Node:
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     last_access: int = 0
     snapshot: int = -1  # recurrent state after this node's last token (-1: none)
+    wpages: list[int] = field(default_factory=list)  # window group's pages (-1: none)
 
 
 @dataclass(frozen=True)
@@ -45,15 +52,24 @@ class StateHit:
     pages: list[int]
     snapshot: int
     matched: int
+    wpages: list[int] = field(default_factory=list)  # the window group's (-1: none kept)
 
 
 class PrefixCache:
     def __init__(
-        self, allocator: PageAllocator, page_size: int, snapshots: Snapshots | None = None
+        self,
+        allocator: PageAllocator,
+        page_size: int,
+        snapshots: Snapshots | None = None,
+        *,
+        window_alloc: PageAllocator | None = None,
+        window: int = 0,
     ) -> None:
         self.alloc = allocator
         self.page_size = page_size
         self.snapshots = snapshots
+        self.walloc = window_alloc
+        self.window = window
         self.root = Node()
         self.num_pages = 0  # pages the tree references
 
@@ -65,13 +81,32 @@ class PrefixCache:
         path recently used. Splits an edge where the match ends inside it."""
         return [pg for node in self._walk(tokens, limit) for pg in node.pages]
 
-    def match_state(self, tokens: list[int], limit: int) -> StateHit:
-        """``match`` cut at the deepest node on the path that holds a snapshot."""
+    def match_hit(self, tokens: list[int], limit: int) -> StateHit:
+        """The longest whole-page prefix of ``tokens[:limit]`` a request can resume from:
+        with snapshots, cut at the deepest node on the path that holds one; with a window
+        group, where the window pages before the cut are there."""
         path = self._walk(tokens, limit)
-        matched = sum(len(n.pages) for n in path) * self.page_size
-        deepest = max((i for i, n in enumerate(path) if n.snapshot >= 0), default=-1)
-        pages = [pg for node in path[: deepest + 1] for pg in node.pages]
-        return StateHit(pages, path[deepest].snapshot if deepest >= 0 else -1, matched)
+        pages = [pg for node in path for pg in node.pages]
+        matched = len(pages) * self.page_size
+        wpages = [pg for node in path for pg in node.wpages]
+        ok = self._window_ok(wpages)
+        if self.snapshots is None:
+            n = next(n for n in range(len(pages), -1, -1) if ok(n))
+            return StateHit(pages[:n], -1, matched, wpages[:n])
+        ends = itertools.accumulate(len(node.pages) for node in path)
+        at = [(end, node.snapshot) for end, node in zip(ends, path, strict=True)]
+        end, snap = next(((e, s) for e, s in reversed(at) if s >= 0 and ok(e)), (0, -1))
+        return StateHit(pages[:end], snap, matched, wpages[:end])
+
+    def _window_ok(self, wpages: list[int]):
+        """Whether a hit of ``n`` pages has the window pages its next position reads."""
+        if self.walloc is None:
+            return lambda n: True
+        last_missing = [-1]  # last_missing[n]: the last index < n without a window page
+        for i, pg in enumerate(wpages):
+            last_missing.append(i if pg < 0 else last_missing[i])
+        p, w = self.page_size, self.window
+        return lambda n: last_missing[n] < max(0, n * p - w + 1) // p
 
     def _walk(self, tokens: list[int] | tuple[int, ...], limit: int) -> list[Node]:
         """The nodes of the longest whole-page prefix of ``tokens[:limit]`` in the tree, the
@@ -150,22 +185,30 @@ class PrefixCache:
         parent = child.parent
         assert parent is not None
         upper = Node(child.tokens[: n * p], child.pages[:n], parent, {}, child.last_access)
+        upper.wpages, child.wpages = child.wpages[:n], child.wpages[n:]
         parent.children[self._key(upper.tokens, 0)] = upper
         child.tokens, child.pages, child.parent = child.tokens[n * p :], child.pages[n:], upper
         upper.children[self._key(child.tokens, 0)] = child
         return upper
 
     def insert(
-        self, tokens: list[int] | tuple[int, ...], pages: list[int] | tuple[int, ...]
+        self,
+        tokens: list[int] | tuple[int, ...],
+        pages: list[int] | tuple[int, ...],
+        wpages: list[int] | tuple[int, ...] = (),
     ) -> list[int]:
         """Cache whole pages: ``tokens`` (len(pages) * page_size of them) whose KV is in
-        ``pages``, held by the caller. Where the tree already has other pages for the same
-        tokens it keeps its own (KV depends only on the tokens up to a position, so chains
-        may mix writers) and the caller's copy dies with the caller. Returns those pages of
-        the tree's on the path that the caller does not hold: it must lock them while it
-        lives, so a page the tree caches never sits above one a live request holds."""
+        ``pages`` (and the window group's ``wpages``, -1 where the caller has freed them),
+        held by the caller. Where the tree already has other pages for the same tokens it
+        keeps its own (KV depends only on the tokens up to a position, so chains may mix
+        writers) and the caller's copy dies with the caller; a window page the tree lacks
+        it takes. Returns those pages of the tree's on the path that the caller does not
+        hold: it must lock them while it lives, so a page the tree caches never sits above
+        one a live request holds (window pages need no lock: each can go on its own)."""
         p = self.page_size
         assert len(tokens) == len(pages) * p
+        if self.walloc is not None:
+            assert len(wpages) == len(pages)
         node, pos, foreign = self.root, 0, []
         stamp = next(_clock)
         while pos < len(tokens):
@@ -173,6 +216,9 @@ class PrefixCache:
             child = node.children.get(key)
             if child is None:
                 new = Node(tuple(tokens[pos:]), list(pages[pos // p :]), node, {}, stamp)
+                if self.walloc is not None:
+                    new.wpages = list(wpages[pos // p :])
+                    self.walloc.tree_ref([pg for pg in new.wpages if pg >= 0])
                 node.children[key] = new
                 self.alloc.tree_ref(new.pages)
                 self.num_pages += len(new.pages)
@@ -190,6 +236,11 @@ class PrefixCache:
             child.last_access = stamp
             base = pos // p
             foreign += [pg for i, pg in enumerate(child.pages) if pg != pages[base + i]]
+            if self.walloc is not None:
+                for i, pg in enumerate(child.wpages):
+                    if pg < 0 and wpages[base + i] >= 0:
+                        child.wpages[i] = wpages[base + i]
+                        self.walloc.tree_ref([wpages[base + i]])
             pos += n * p
             node = child
         return foreign
@@ -206,6 +257,7 @@ class PrefixCache:
             assert parent is not None
             del parent.children[self._key(node.tokens, 0)]
             self._drop_snapshot(node)
+            self._drop_wpages(node, all_of_them=True)
             self.num_pages -= len(node.pages)
             freed += self.alloc.tree_unref(node.pages)
             if parent is not self.root and self._evictable_leaf(parent):
@@ -215,9 +267,35 @@ class PrefixCache:
     def _evictable_leaf(self, node: Node) -> bool:
         return not node.children and all(self.alloc.refs[pg] == 1 for pg in node.pages)
 
+    def drop_window(self, want: int) -> int:
+        """Free at least ``want`` window pages only the tree holds (fewer if there are not
+        that many), least recently used nodes first; returns the pages freed."""
+        assert self.walloc is not None
+        refs = self.walloc.refs
+        nodes = [n for n in self._nodes() if any(pg >= 0 and refs[pg] == 1 for pg in n.wpages)]
+        freed = 0
+        for node in sorted(nodes, key=lambda n: n.last_access):
+            if freed >= want:
+                break
+            freed += self._drop_wpages(node, all_of_them=False)
+        return freed
+
+    def _drop_wpages(self, node: Node, *, all_of_them: bool) -> int:
+        """Drop the node's window pages (``all_of_them``: also those a request holds too,
+        whose reference stays with it); returns how many became free."""
+        if self.walloc is None:
+            return 0
+        freed = 0
+        for i, pg in enumerate(node.wpages):
+            if pg >= 0 and (all_of_them or self.walloc.refs[pg] == 1):
+                freed += self.walloc.tree_unref([pg])
+                node.wpages[i] = -1
+        return freed
+
     def clear(self) -> None:
         for node in self._nodes():
             self._drop_snapshot(node)
+            self._drop_wpages(node, all_of_them=True)
             self.alloc.tree_unref(node.pages)
         self.root = Node()
         self.num_pages = 0
@@ -251,6 +329,20 @@ class PrefixCache:
         assert set(refs) == {pg for pg, t in enumerate(self.alloc.in_tree) if t}
         snaps = self.snapshot_refs()
         assert all(c == 1 for c in snaps.values()), "two nodes hold one snapshot"
+        if self.walloc is not None:
+            assert all(len(n.wpages) == len(n.pages) for n in self._nodes())
+            wrefs = self.wpage_refs()
+            assert all(c == 1 for c in wrefs.values()), "the tree lists a window page twice"
+            assert set(wrefs) == {pg for pg, t in enumerate(self.walloc.in_tree) if t}
+
+    def wpage_refs(self) -> dict[int, int]:
+        """How many times the tree references each window page."""
+        refs: dict[int, int] = {}
+        for n in self._nodes():
+            for pg in n.wpages:
+                if pg >= 0:
+                    refs[pg] = refs.get(pg, 0) + 1
+        return refs
 
     def snapshot_refs(self) -> dict[int, int]:
         """How many nodes hold each snapshot slot (at most one when consistent)."""

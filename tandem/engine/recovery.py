@@ -45,15 +45,25 @@ def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: 
 
 def fit(sched: Scheduler) -> None:
     """Nothing is in flight: while the running decodes' next tokens need more pages than
-    the pool can give, retract the most recently admitted request."""
+    the pool can give (or, with a window group, no request can get the window page it
+    needs next), retract the most recently admitted request."""
     kv = sched.kv
+    if kv.walloc is not None:  # no step reads behind any request's window now
+        for r in sched.running.values():
+            if not r.finished:
+                kv.free_behind(r, r.num_computed)
     while True:
         live = [r for r in sched.running.values() if not r.finished]
-        need = sum(
-            r.status is RequestStatus.DECODE and r.num_computed // kv.page_size >= len(r.pages)
-            for r in live
+        decodes = [r for r in live if r.status is RequestStatus.DECODE]
+        need = sum(r.num_computed // kv.page_size >= len(r.pages) for r in decodes)
+        wneed = sum(kv.window_need(r, r.num_computed + 1) for r in decodes)
+        stuck = (
+            kv.walloc is not None
+            and not decodes
+            and all(kv.window_need(r, r.num_computed + 1) > kv.window_available() for r in live)
         )
-        if need <= kv.available() or not live:
+        fits = need <= kv.available() and wneed <= kv.window_available() and not stuck
+        if fits or not live:
             return
         retract(sched, max(live, key=lambda r: r.admit_order))
 

@@ -30,6 +30,11 @@ class Request:
     # Prefix-cache pages this request keeps alive without listing them (see
     # PrefixCache.insert): released with its pages.
     locked_pages: set[int] = field(default_factory=set)
+    # Models with sliding-window layers (KVManager's window group): those layers' page
+    # table, at the same positions (-1: freed behind the window, or not cached), and how
+    # many leading entries are freed for good.
+    wpages: list[int] = field(default_factory=list)
+    wfree: int = 0
     state_slot: int = -1  # recurrent-state slot while running (models with recurrent layers)
     # Recurrent models: the snapshot slot a prefix hit (or a rolled-back verify's replay)
     # resumes from (until the first chunk that reads it is launched); with the prefix cache

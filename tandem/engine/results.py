@@ -78,9 +78,12 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
                 prompt_logprobs=prompt_lps,
             )
         )
-    for rid in plan.request_ids:
-        req = sched.running[rid]
+    for seg in plan.segments:
+        req = sched.running[seg.request_id]
         req.num_inflight -= 1
+        # Window pages no later step reads (the step in flight, if any, starts later).
+        if not req.finished:
+            sched.kv.free_behind(req, seg.start)
         sched.maybe_release(req)
     sched.regrow_budget()
     # Outputs not tied to a step (aborts) go first; taken last, so a failure above
@@ -131,10 +134,7 @@ def _verified(sched: Scheduler, req: Request, seg: Segment, result: StepResult):
             break
     req.num_computed = seg.start + len(emitted)
     req.spec.draft_len = min(req.spec.draft_len, req.num_computed)
-    keep = sched.kv.pages_for(req.num_computed + 1)
-    if len(req.pages) > keep:
-        sched.kv.release(req.pages[keep:])
-        del req.pages[keep:]
+    sched.kv.truncate(req, sched.kv.pages_for(req.num_computed + 1))
     _roll_back(sched, req, seg, len(emitted))
     cached, prompt_lps = _first_report(req)
     lps = None

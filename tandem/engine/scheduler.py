@@ -45,6 +45,10 @@ class SchedulerConfig:
     state_slots: int = 0
     state_snapshots: int = 0
     speculation: SpecConfig = SpecConfig()
+    # Sliding-window layers' own page group (engine/kv_manager.py): the widest window in
+    # positions and the group's pages (0: no group; those layers use the full pages).
+    window: int = 0
+    window_pages: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -74,6 +78,8 @@ class Scheduler:
             config.page_size,
             prefix_cache=config.prefix_cache,
             snapshots=snapshots,
+            window=config.window,
+            window_pages=config.window_pages,
         )
         if config.state_slots and config.speculation.enabled:
             assert self.kv.states is not None, "recurrent verifies need snapshot slots"
@@ -170,7 +176,7 @@ class Scheduler:
             # on without it would give it every other step: the loop runs one step at a time
             # while anyone speculates (a verify yields more than the overlap saves).
             return None
-        need = 0
+        need = wneed = 0  # pages the decodes need (and of the window group)
         for req in self.running.values():
             if req.status is not RequestStatus.DECODE or len(decodes) >= budget:
                 continue
@@ -189,16 +195,18 @@ class Scheduler:
                 if spec:
                     proposals[req.request_id] = speculation.propose(req, self.config.speculation)
             need += req.num_computed // kv.page_size >= len(req.pages)
-        if need > kv.available():
+            wneed += kv.window_need(req, req.num_computed + 1)
+        if need > kv.available() or wneed > kv.window_available():
             assert parent is not None, "recovery.fit left the decodes short of pages"
             return None
-        proposals = speculation.fit_proposals(self, decodes, proposals, budget, need)
+        proposals = speculation.fit_proposals(self, decodes, proposals, budget, need, wneed)
         if kv.states is not None:
             proposals = speculation.back_up(self, proposals)
         need += speculation.extra_pages(kv, decodes, proposals)
+        wneed += speculation.extra_window_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
         for req in self.admission.admit(
-            self.waiting, len(self.running), need, self._leader_prefilling
+            self.waiting, len(self.running), need, self._leader_prefilling, wneed
         ):
             self._waiting_ids.discard(req.request_id)
             self._admitted += 1
@@ -229,6 +237,7 @@ class Scheduler:
                     tuple(req.pages),
                     prow,
                     len(sampled),
+                    wpages=tuple(req.wpages),
                     num_samples=n,
                     draft=draft_of.get(req.request_id, -1),
                     state_slot=req.state_slot,
@@ -248,6 +257,8 @@ class Scheduler:
             if req.status is not RequestStatus.PREFILL or budget <= 0:
                 continue
             seg = self._chunk(req, budget, len(sampled))
+            if seg is None:
+                continue  # no window pages for it this step
             budget -= seg.num_tokens
             chunks.append(seg)
             if seg.sample_row >= 0:
@@ -257,16 +268,23 @@ class Scheduler:
             return None
         return self._launch(parent, segments, sampled, chunks, drafts)
 
-    def _chunk(self, req: Request, budget: int, row: int) -> Segment:
+    def _chunk(self, req: Request, budget: int, row: int) -> Segment | None:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
-        (then the request decodes: routed by state, a last chunk may be one token)."""
+        (then the request decodes: routed by state, a last chunk may be one token). None
+        when the window group has no page for it this step."""
+        kv = self.kv
         start = req.num_computed
         tokens = req.token_ids()
         end = min(len(tokens), start + budget)
+        if kv.walloc is not None:  # as far as the window pages there are reach
+            end = min(end, (len(req.wpages) + kv.window_available()) * kv.page_size)
+            if end <= start:
+                return None
         snaps: tuple[tuple[int, int], ...] = ()
         if self.kv.snapshots is not None and not req.replaying:
             # (A replay's states are mid-output: not worth a cached prefix's slot.)
             end, snaps = state_snapshots.for_chunk(self.kv, req, tokens, start, end)
+        kv.grow_window(req, end)
         sample = end == len(tokens)
         k = req.params.prompt_logprobs
         # Until the first output is reported the prompt's entries are still owed (a
@@ -280,6 +298,7 @@ class Scheduler:
             tuple(tokens[start:end]),
             tuple(req.pages),
             sample_row=row if sample else -1,
+            wpages=tuple(req.wpages),
             logprobs=k if want and k is not None else -1,
             next_tokens=tuple(tokens[start + 1 : scored_end + 1]) if want else (),
             state_slot=req.state_slot,
@@ -313,7 +332,7 @@ class Scheduler:
             # order), never to this one's.
             req = self.running[seg.request_id]
             tokens = req.token_ids()
-            self.kv.cache(tokens, req.pages, seg.end, req.locked_pages)
+            self.kv.cache(req, tokens, seg.end)
             for pos, slot in seg.snapshots:
                 self.kv.keep_snapshot(tokens, pos, slot)
         ids = tuple(r.request_id for r in sampled)
@@ -388,8 +407,7 @@ class Scheduler:
         del self.running[req.request_id]
 
     def _release(self, req: Request) -> None:
-        self.kv.release(req.pages, req.locked_pages)
-        req.pages = []
+        self.kv.release(req)
         if req.spec is not None:
             req.spec.draft_len = 0  # its next pages may hold anything
         self.kv.drop_snapshot(req.state_src)
@@ -408,7 +426,7 @@ class Scheduler:
         """Offer every whole page certainly written with the token the tree will claim."""
         length = min(req.num_computed, req.num_tokens)
         tokens = req.token_ids()
-        cached = self.kv.cache(tokens, req.pages, length, req.locked_pages)
+        cached = self.kv.cache(req, tokens, length)
         if req.checkpoint >= 0 and 0 < req.checkpoint_pos <= cached:
             # Its state there (a multi-turn chat's next turn resumes from it).
             self.kv.keep_snapshot(tokens, req.checkpoint_pos, req.checkpoint)

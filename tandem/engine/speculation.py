@@ -251,13 +251,15 @@ def fit_proposals(
     proposals: dict[str, list[int]],
     budget: int,
     need: int,
+    wneed: int = 0,
 ) -> dict[str, list[int]]:
     """Proposals cut to the step's token budget and the pages left after the plain
-    decodes' (``need``) and the waiting queue head's; a request left with none decodes one
-    token."""
+    decodes' (``need``, and ``wneed`` of the window group) and the waiting queue head's; a
+    request left with none decodes one token."""
     kv = sched.kv
     budget -= len(decodes)
     pages = kv.available() - need
+    wpages = kv.window_available() - wneed
     if sched.waiting:  # proposals are optional; the queue's head is not
         pages -= kv.pages_for(min(sched.waiting[0].num_tokens, sched.max_step_tokens))
     out: dict[str, list[int]] = {}
@@ -269,15 +271,24 @@ def fit_proposals(
             req.spec.no_proposal(sched.config.speculation)
             continue
         proposal = proposal[: max(0, budget)]
-        base = max(len(req.pages), kv.pages_for(req.num_computed + 1))
-        while proposal and kv.pages_for(req.num_computed + 1 + len(proposal)) - base > pages:
+        full, win = _proposal_pages(kv, req, len(proposal))
+        while proposal and (full > pages or win > wpages):
             proposal.pop()
+            full, win = _proposal_pages(kv, req, len(proposal))
         if not proposal:
             continue
         budget -= len(proposal)
-        pages -= kv.pages_for(req.num_computed + 1 + len(proposal)) - base
+        pages -= full
+        wpages -= win
         out[req.request_id] = proposal
     return out
+
+
+def _proposal_pages(kv: KVManager, req: Request, k: int) -> tuple[int, int]:
+    """Pages (full, window group) ``k`` proposals of ``req`` need beyond its plain decode."""
+    end = req.num_computed + 1
+    full = kv.pages_for(end + k) - max(len(req.pages), kv.pages_for(end))
+    return full, kv.window_need(req, end + k) - kv.window_need(req, end)
 
 
 def extra_pages(
@@ -289,6 +300,13 @@ def extra_pages(
         - max(len(r.pages), kv.pages_for(r.num_computed + 1))
         for r, _ in decodes
     )
+
+
+def extra_window_pages(
+    kv: KVManager, decodes: list[tuple[Request, int]], proposals: dict[str, list[int]]
+) -> int:
+    """Window-group pages the proposals need beyond their requests' plain decode."""
+    return sum(_proposal_pages(kv, r, len(proposals.get(r.request_id, ())))[1] for r, _ in decodes)
 
 
 def draft_lost(sched: Scheduler) -> None:

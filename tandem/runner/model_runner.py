@@ -140,6 +140,16 @@ class ModelRunner:
         return (2 if self.double_buffer else 1) * per_set
 
     @property
+    def max_window(self) -> int:
+        """The widest sliding window of a layer that stores KV (0: none has one)."""
+        return max((s.window for s in self.specs if s.window and not s.unused), default=0)
+
+    def window_bytes_per_token(self) -> int:
+        """Of ``bytes_per_token``, what the sliding-window layers take."""
+        per_set = sum(bytes_per_token(s, self.kv_quant) for s in self.specs if s.window)
+        return (2 if self.double_buffer else 1) * per_set
+
+    @property
     def kv_description(self) -> str:
         """The KV entries' storage, for the start-up report."""
         used = [s for s in self.specs if not s.unused]
@@ -168,9 +178,12 @@ class ModelRunner:
         """Whether some layer keeps a recurrent state (``runner.state``)."""
         return bool(self.state_specs)
 
-    def allocate_kv(self, num_pages: int, page_size: int, state_slots: int = 0) -> None:
+    def allocate_kv(
+        self, num_pages: int, page_size: int, state_slots: int = 0, window_pages: int = 0
+    ) -> None:
         """Create the pools once, before serving: their sizes never change. ``state_slots``:
-        recurrent states for that many sequences (the scheduler's ``max_num_seqs``)."""
+        recurrent states for that many sequences (the scheduler's ``max_num_seqs``);
+        ``window_pages``: the sliding-window layers' own page group (0: none)."""
         with mx.stream(self.stream):
             self.pool = PagePool(
                 self.specs,
@@ -179,6 +192,7 @@ class ModelRunner:
                 double_buffer=self.double_buffer,
                 quant=self.kv_quant,
                 inplace=self._inplace(),
+                window_pages=window_pages,
             )
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, max(1, state_slots))
@@ -308,14 +322,18 @@ class ModelRunner:
                     log.warning("compiled decode steps off (%s: %s)", type(e).__name__, e)
                     self.static = None
             ctx = self.context(plan.segments)
-            self.pool.begin_step(ctx.host_write_slots, ctx.write_slots)
+            self.pool.begin_step(ctx.group_slots)
             return self.call(ctx, inputs[:, None], head)
         return recurrent_step.forward(self, plan, inputs, head)
 
     def context(self, segments, *, sequence: bool = False) -> StepContext:
         assert self.pool is not None
         ctx = StepContext(
-            segments, self.pool.page_size, kernel=bool(self.decode_kernel), sequence=sequence
+            segments,
+            self.pool.page_size,
+            kernel=bool(self.decode_kernel),
+            sequence=sequence,
+            windowed=self.pool.window_pages > 0,
         )
         ctx.mask_rank = self.mask_rank
         return ctx

@@ -48,8 +48,13 @@ class PagePool:
         double_buffer: bool,
         quant: KVQuant | None = None,
         inplace: bool = False,
+        window_pages: int = 0,
     ) -> None:
         self.specs = specs
+        # Sliding-window layers in a page group of their own (engine/kv_manager.py), with
+        # ``window_pages`` pages (0: none, every layer has ``num_pages``).
+        self.window_pages = window_pages
+        self.group = [int(bool(window_pages) and s.window is not None) for s in specs]
         self.inplace = inplace and not double_buffer
         # In place: each layer's latest write token, which its reads wait on; it depends on
         # every earlier write of the layer (a chain, evaluated with each submission). A
@@ -64,9 +69,11 @@ class PagePool:
         # This step's writes (host slots, device slots, each layer's encoded K/V entries),
         # which the other set replays next step, and the previous step's, merged into this
         # one's.
-        self._step: tuple[np.ndarray, mx.array, list[list[mx.array]]] | None = None
-        self._lag: tuple[mx.array, list[list[mx.array]]] | None = None
-        self._keep: mx.array | None = None
+        # (Per page group: a step's writes are at each group's own slots.)
+        self._step: list[tuple[np.ndarray, mx.array, dict[int, list[mx.array]]] | None]
+        self._step = [None, None]
+        self._lag: list[tuple[mx.array, dict[int, list[mx.array]]] | None] = [None, None]
+        self._keep: list[mx.array | None] = [None, None]
         self.reset()
 
     @property
@@ -80,7 +87,7 @@ class PagePool:
         """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
         old buffers are released first, so the new ones fit where they were."""
         self.sets = []
-        self._step = self._lag = self._keep = None
+        self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
         self.tokens = [None] * len(self.specs)
         gc.collect()
         mx.clear_cache()
@@ -90,7 +97,8 @@ class PagePool:
                 entry = _entry(s)
                 # One page more than any table names: slot -1 (the last row) is where the
                 # padding rows of a compiled step write (runner/static_decode.py).
-                rows = 1 if s.unused else self.num_slots + self.page_size
+                pages = self.window_pages if self.group[i] else self.num_pages
+                rows = 1 if s.unused else (pages + 1) * self.page_size
                 buf: Buffer
                 if self.quantized(i):
                     assert self.quant is not None
@@ -102,28 +110,31 @@ class PagePool:
             self.sets.append(bufs)
         self.current = 0
 
-    def begin_step(self, slots: np.ndarray, device_slots: mx.array) -> None:
-        """Start a step that writes ``slots`` (host and device copies): switch to the other
-        buffer set, which owes the previous step's writes. Those are replayed with this
-        step's own, in one scatter per layer, except where this step overwrites the same slot
-        (a page freed and handed out again after a chain break): MLX leaves the order of
-        duplicate scatter indices undefined, so the stale entries are dropped."""
+    def begin_step(self, group_slots: list[tuple[np.ndarray, mx.array]]) -> None:
+        """Start a step that writes, per page group, its slots (host and device copies):
+        switch to the other buffer set, which owes the previous step's writes. Those are
+        replayed with this step's own, in one scatter per layer, except where this step
+        overwrites the same slot (a page freed and handed out again after a chain break):
+        MLX leaves the order of duplicate scatter indices undefined, so the stale entries
+        are dropped."""
         if self.num_sets == 1:
             # In place, a layer's writes stay chained across steps (each takes the last
             # one's token): what a submission evaluates covers every write since the last
             # one, also those of forwards nothing read (a draft's catch-up chunk).
             return
         self.current ^= 1
-        lag, self._lag = self._step, None
-        self._step = (slots, device_slots, [])
-        self._keep = None
-        if lag is not None:
-            lag_host, lag_dev, lag_vals = lag
-            stale = np.isin(lag_host, slots)
-            if stale.any():
-                self._keep = mx.array(np.flatnonzero(~stale).astype(np.int32))
-                lag_dev = lag_dev[self._keep]
-            self._lag = (mx.concatenate([lag_dev, device_slots]), lag_vals)
+        for g, (slots, device_slots) in enumerate(group_slots):
+            lag, self._lag[g] = self._step[g], None
+            self._step[g] = (slots, device_slots, {})
+            self._keep[g] = None
+            if lag is not None:
+                lag_host, lag_dev, lag_vals = lag
+                stale = np.isin(lag_host, slots)
+                if stale.any():
+                    keep = mx.array(np.flatnonzero(~stale).astype(np.int32))
+                    self._keep[g] = keep
+                    lag_dev = lag_dev[keep]
+                self._lag[g] = (mx.concatenate([lag_dev, device_slots]), lag_vals)
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Scatter (N, heads, dim) keys and values at ``slots`` (N,) of the current set, with
@@ -141,12 +152,15 @@ class PagePool:
         encoded = buf.encode(vals) if isinstance(buf, QuantizedPages) else [vals]
         at = slots
         if self.num_sets > 1:
-            self._step[2].append(encoded)
-            if self._lag is not None:
-                merged, lag_vals = self._lag
+            g = self.group[layer]
+            step, lag, keep = self._step[g], self._lag[g], self._keep[g]
+            assert step is not None
+            step[2][layer] = encoded
+            if lag is not None:
+                merged, lag_vals = lag
                 old = lag_vals[layer]
-                if self._keep is not None:
-                    old = [o[self._keep] for o in old]
+                if keep is not None:
+                    old = [o[keep] for o in old]
                 encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
                 at = merged
         for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
@@ -204,7 +218,7 @@ class PagedCache:
             k, v = keys, values
         else:
             k, v = keys[:, :, 0, :], values[:, :, 0, :]
-        self.pool.write(self.layer, self.ctx.write_slots, k, v)
+        self.pool.write(self.layer, self.ctx.slots_for(self.spec.window), k, v)
         if not self.spec.dense:
             return self._returned(keys, values)
         s = self.spec

@@ -130,7 +130,9 @@ def _slots(pages: tuple[int, ...], lo: int, hi: int, p: int) -> np.ndarray:
 class StepContext:
     """Everything about a step's layout that every layer shares, built once from the plan.
     ``kernel``: full-attention decodes go to the paged decode kernel (one group, any
-    lengths); otherwise they are grouped by length for the gather path."""
+    lengths); otherwise they are grouped by length for the gather path. ``windowed``: the
+    sliding-window layers' pools are the window group's (engine/kv_manager.py), addressed
+    through each segment's ``wpages``."""
 
     def __init__(
         self,
@@ -139,8 +141,10 @@ class StepContext:
         *,
         kernel: bool = False,
         sequence: bool = False,
+        windowed: bool = False,
     ) -> None:
         self.kernel = kernel
+        self.windowed = windowed
         self.page_size = p = page_size
         self.segments = tuple(segments)
         # ``sequence``: the model is called on one segment as a (1, n) sequence (recurrent
@@ -149,16 +153,33 @@ class StepContext:
         assert not sequence or len(self.segments) == 1
         positions: list[int] = []
         write_slots: list[int] = []
+        window_slots: list[int] = []
         for seg in self.segments:
             positions.extend(range(seg.start, seg.end))
             write_slots.extend(_slots(seg.pages, seg.start, seg.end, p).tolist())
+            if windowed:
+                assert seg.wpages, f"{seg.request_id}: no window page table"
+                window_slots.extend(_slots(seg.wpages, seg.start, seg.end, p).tolist())
         self.num_tokens = len(positions)
         self.positions = mx.array(positions, dtype=mx.int32)
         self.host_write_slots = np.asarray(write_slots, dtype=np.int32)
         self.write_slots = mx.array(self.host_write_slots)
+        # Per page group (0: full, 1: window), host and device copies of the write slots.
+        self.group_slots = [(self.host_write_slots, self.write_slots)]
+        if windowed:
+            host = np.asarray(window_slots, dtype=np.int32)
+            self.group_slots.append((host, mx.array(host)))
         self._views: dict[tuple[int | None, bool], AttnView] = {}
         self._dense: dict[int | None, DenseView] = {}
         self.mask_rank = 4
+
+    def _table(self, seg: Segment, window: int | None) -> tuple[int, ...]:
+        """The page table a layer of ``window`` reads ``seg`` through."""
+        return seg.wpages if self.windowed and window is not None else seg.pages
+
+    def slots_for(self, window: int | None) -> mx.array:
+        """Where a layer of ``window`` writes the step's tokens."""
+        return self.group_slots[1 if self.windowed and window is not None else 0][1]
 
     def view(self, window: int | None, kernel: bool) -> AttnView:
         kernel = kernel and self.kernel and window is None
@@ -189,7 +210,7 @@ class StepContext:
                     decode_idx.append(t + i)
                     lengths.append(end - first_page * p)
                     starts.append(lo - first_page * p)
-                    tables.append(seg.pages[first_page : -(-end // p)])
+                    tables.append(self._table(seg, window)[first_page : -(-end // p)])
             else:
                 chunks.append(self._chunk(seg, t, window))
             t += seg.num_tokens
@@ -229,7 +250,8 @@ class StepContext:
         lo = 0 if window is None else max(0, seg.start - window + 1)
         if seg.start == 0 and (window is None or seg.end <= window):
             return ChunkItem(first, seg.num_tokens, None)
-        slots = None if seg.start == 0 else mx.array(_slots(seg.pages, lo, seg.end, self.page_size))
+        table = self._table(seg, window)
+        slots = None if seg.start == 0 else mx.array(_slots(table, lo, seg.end, self.page_size))
         if window is None or seg.end - window <= lo:  # no query reaches past its window
             return ChunkItem(first, seg.num_tokens, slots)
         q = np.arange(seg.start, seg.end)[:, None]
@@ -246,7 +268,7 @@ class StepContext:
             q = np.arange(seg.start, seg.end)[:, None]
             k = np.arange(lo, seg.end)[None]
             mask = (k <= q) & (True if window is None else (k > q - window))
-            slots = _slots(seg.pages, lo, seg.end, self.page_size)[None]
+            slots = _slots(self._table(seg, window), lo, seg.end, self.page_size)[None]
             self._dense[window] = DenseView(mx.array(slots), mx.array(mask))
         if window not in self._dense:
             p = self.page_size
@@ -254,7 +276,7 @@ class StepContext:
             for seg in self.segments:
                 for pos in range(seg.start, seg.end):
                     lo = 0 if window is None else max(0, pos - window + 1)
-                    rows.append(_slots(seg.pages, lo, pos + 1, p))
+                    rows.append(_slots(self._table(seg, window), lo, pos + 1, p))
                     counts.append(pos + 1 - lo)
             width = max(counts)
             slots = np.zeros((len(rows), width), dtype=np.int32)

@@ -5,7 +5,11 @@ the slots its page table names and a sampled segment's output is a pure function
 request's seed and the history read back through that page table, ``[0, position]``. So any
 KV bookkeeping error (a page shared while both owners write it, a stale cached page, a chained
 step accounted at the wrong position, admission over-committing the pool) changes the tokens,
-which tests compare against ``fake_token`` run over the true sequence. It also honours the
+which tests compare against ``fake_token`` run over the true sequence. With a window group
+(``window``, ``window_pages``: engine/kv_manager.py) every segment also writes its tokens
+into a second pool through its ``wpages``, and each sample's last ``window`` positions read
+back through them must equal the history (a window page freed too early and handed to
+another request, or a hit missing its window, trips it). It also honours the
 launch/finalize contract (launch order, chained steps reading the parent's tokens) and can
 inject failures at any phase of a chosen step.
 """
@@ -87,10 +91,14 @@ class FakeRunner:
     # The "model": a sampled token from the row's seed and the history before it.
     token_fn: Callable[[int, Sequence[int]], int] = fake_token
     draft: FakeDraft | None = None  # runs the plans' draft queries (engine/drafting.py)
+    window: int = 0  # the window group's widest window and pages (0: none)
+    window_pages: int = 0
+    window_reads: int = 0  # sampled positions checked through the window pages
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.slots: list[int | None] = [None] * (self.num_pages * self.page_size)
+        self.wslots: list[int | None] = [None] * (self.window_pages * self.page_size)
 
     def launch(
         self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
@@ -131,9 +139,18 @@ class FakeRunner:
             for i, tok in enumerate(inputs):
                 pos = seg.start + i
                 self.slots[seg.pages[pos // p] * p + pos % p] = tok
+                if self.window_pages:
+                    page = seg.wpages[pos // p]
+                    assert 0 <= page < self.window_pages, f"{seg.request_id}: window page {page}"
+                    self.wslots[page * p + pos % p] = tok
             for i, pos in enumerate(seg.sample_positions):
                 history = [self.slots[seg.pages[q // p] * p + q % p] for q in range(pos + 1)]
                 assert None not in history, f"{seg.request_id} attends to unwritten KV"
+                if self.window_pages:
+                    lo = max(0, pos - self.window + 1)
+                    seen = [self.wslots[seg.wpages[q // p] * p + q % p] for q in range(lo, pos + 1)]
+                    assert seen == history[lo:], f"{seg.request_id}: its window reads wrong KV"
+                    self.window_reads += 1
                 seed = plan.sampling.seed[seg.sample_row + i]
                 tokens[seg.sample_row + i] = self.token_fn(seed, history)  # type: ignore[arg-type]
         drafted = {
@@ -183,6 +200,7 @@ class FakeRunner:
         """Like the real runner after a failure: in-flight steps and all KV are gone."""
         self._unfinalized.clear()
         self.slots = [None] * (self.num_pages * self.page_size)
+        self.wslots = [None] * (self.window_pages * self.page_size)
         self.resets += 1
         if self.draft is not None:
             self.draft.slots = [None] * len(self.draft.slots)

@@ -254,3 +254,36 @@ def test_models_computing_with_their_caches_keys_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="has no attribute 'keys'"):
         LLM(str(path))
+
+
+WINDOWED = ("cohere2", "gemma3_text", "gemma4_text", "gpt_oss", "iquestloopcoder")
+
+
+@pytest.mark.parametrize("model_type", WINDOWED)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_window_pages_freed_behind_the_window_match_mlx_lm(family_model_dir, model_type, overlap):
+    """The sliding-window layers' own page group, 6 pages of 4 positions for a window of 8
+    (engine/kv_manager.py): 16 requests of up to 50 tokens, twice (the second time with
+    hits that need their window cached), chunks cut to the window pages there are, cached
+    window pages dropped for new ones; every output exact."""
+    path = family_model_dir(model_type)
+    llm = LLM(
+        str(path),
+        overlap=overlap,
+        check_invariants=True,
+        kv_page_size=4,
+        kv_window_pages=6,
+        max_num_batched_tokens=16,
+    )
+    assert llm.engine.loop.runner.pool.window_pages == 6
+    rng = random.Random(3)
+    base = [rng.randrange(3, 400) for _ in range(40)]
+    prompts = [[rng.randrange(3, 400) for _ in range(rng.randint(1, 50))] for _ in range(10)]
+    prompts += [base + [rng.randrange(3, 400) for _ in range(rng.randint(0, 9))] for _ in range(6)]
+    params = [greedy(rng.randint(1, 25)) for _ in prompts]
+    for _ in range(2):
+        outs = llm.generate(prompts, params)
+        for p, sp, o in zip(prompts, params, outs, strict=True):
+            assert o.token_ids == reference(path, p, sp.max_tokens)
+    kv = llm.engine.scheduler.kv
+    assert kv.dropped_window_pages > 0 and kv.num_held == 0

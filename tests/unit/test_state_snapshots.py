@@ -64,18 +64,18 @@ def test_hits_end_at_the_deepest_snapshot_and_splits_keep_it_below():
     s8, s16 = snaps.allocate(), snaps.allocate()
     assert tree.attach(toks, 8, s8) and tree.attach(toks, 16, s16)  # the first splits the edge
     assert not tree.attach(toks, 8, snaps.allocate())  # already held there
-    hit = tree.match_state(toks, 16)
+    hit = tree.match_hit(toks, 16)
     assert (hit.pages, hit.snapshot, hit.matched) == (pages, s16, 16)
-    hit = tree.match_state(toks[:12] + [99, 98], 14)  # matched 12, state only at 8
+    hit = tree.match_hit(toks[:12] + [99, 98], 14)  # matched 12, state only at 8
     assert (hit.pages, hit.snapshot, hit.matched) == (pages[:2], s8, 12)
     assert tree.snapshot_at(toks, 8) == s8 and tree.snapshot_at(toks, 12) == -1
-    assert tree.match_state([50] + toks[1:], 16).snapshot == -1
+    assert tree.match_hit([50] + toks[1:], 16).snapshot == -1
     tree.check()
     assert tree.snapshot_refs() == {s8: 1, s16: 1}
     # The least recently used snapshot no request reads goes first; evicting pages drops
     # their node's snapshot.
     snaps.incref(s16)  # a request admitted on it, its chunk not launched yet
-    tree.match_state(toks[:12], 12)  # touch s8's path: s16's is older, but it is being read
+    tree.match_hit(toks[:12], 12)  # touch s8's path: s16's is older, but it is being read
     assert tree.evict_snapshot() and tree.snapshot_refs() == {s16: 1}
     snaps.decref(s16)
     alloc.decref(pages)
