@@ -89,7 +89,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     page = config.kv_page_size
     step_tokens = _step_tokens(runner, config, max_model_len, page)
     window = runner.max_window
-    window_pages = _window_pages(config, window, page, step_tokens)
+    # (No request reaches past a window as long as the context: nothing to free.)
+    window_pages = _window_pages(config, window, page, step_tokens) if window < max_model_len else 0
     states = state_slots + snapshots + backups
     memory -= states * runner.state_bytes_per_seq  # the states first
     if (
@@ -115,9 +116,19 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         return max(1, budget // page)
 
     wbytes = runner.window_bytes_per_token() if window_pages else 0
+    if window_pages and not config.kv_budget_tokens:
+        share = 1 if per_token == wbytes else 2  # (only windowed layers: all of it)
+        window_pages = _fit_window_group(config, window_pages, window, page, wbytes, memory, share)
     num_pages = full_pages(wbytes)
     if window_pages and config.kv_window_pages is None and window_pages >= num_pages:
-        window_pages = wbytes = 0  # no fewer than the full pages: one group does
+        log.info(
+            "sliding-window layers: a group of their own would need %d pages, no fewer than "
+            "the %d of the others: one group for all (lower --max-num-seqs, or set "
+            "--kv-window-pages, to free their pages behind the window)",
+            window_pages,
+            num_pages,
+        )
+        window_pages = wbytes = 0
         num_pages = full_pages(0)
     runner.allocate_kv(num_pages, page, states, window_pages)
     proposer = None
@@ -187,6 +198,30 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         proposer=proposer,
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)
+
+
+def _fit_window_group(
+    config: EngineConfig,
+    window_pages: int,
+    window: int,
+    page: int,
+    wbytes: int,
+    memory: int,
+    share: int,
+) -> int:
+    """The window group within the KV memory: an automatic one in at most 1 / ``share`` of
+    it (its chunks and decodes wait or retract when it runs short), a set one in all."""
+    per_page = page * wbytes
+    least = -(-window // page) + 2  # one request's window and its next page
+    if config.kv_window_pages is None:
+        window_pages = min(window_pages, max(least, memory // share // per_page))
+    if window_pages * per_page > memory:
+        raise ValueError(
+            f"{window_pages} pages of the sliding-window layers take "
+            f"{window_pages * per_page / 2**20:.0f} MiB, more than the "
+            f"{memory / 2**20:.0f} MiB of KV memory: lower --kv-window-pages"
+        )
+    return window_pages
 
 
 def _window_pages(config: EngineConfig, window: int, page: int, step_tokens: int) -> int:

@@ -30,6 +30,7 @@ RANDOM_SHAPES = (
     "qwen3.5-2b",
     "qwen3.5-tiny",
     "gemma3-1b",
+    "gemma3-tiny",
 )
 
 # Real small shapes of the model families (random weights): a Qwen3.5 hybrid (Gated DeltaNet
@@ -82,6 +83,17 @@ FAMILY_SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
+
+# Gemma 3's layer pattern and window at a size the 2-core CPU measures (12 layers, 2 global).
+FAMILY_SHAPES["gemma3-tiny"] = {
+    **FAMILY_SHAPES["gemma3-1b"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 12,
+    "head_dim": 64,
+    "query_pre_attn_scalar": 64,
+    "vocab_size": 4096,
+}
 
 # The hybrid at a size the 2-core CPU measures (8 layers of width 512; 4096 tokens).
 FAMILY_SHAPES["qwen3.5-tiny"] = {

@@ -48,8 +48,8 @@ class Admission:
     ) -> list[Request]:
         """Pop the requests that start now from the head of ``waiting``; each comes back in
         PREFILL with its page table and ``num_computed`` at its cache hit. ``reserve`` pages
-        (and ``window_reserve`` of the window group, whose cached pages a hit takes) stay
-        for the running decodes."""
+        (and ``window_reserve`` of the window group, whose cached pages a hit takes: the
+        next page of each running request that needs one) stay for the running ones."""
         kv = self.kv
         admitted: list[Request] = []
         self.blocked = False
@@ -79,7 +79,9 @@ class Admission:
                     kv.unmatch(hit)
                     break
             need = kv.pages_for(len(tokens)) - len(hit.pages)
-            if need + reserve > kv.available() or window_reserve > kv.window_available():
+            # Window pages: the running requests' next ones, and this one's first.
+            wfirst = kv.window_need(req, cached + 1, have=len(hit.wpages))
+            if need + reserve > kv.available() or (window_reserve + wfirst > kv.window_available()):
                 kv.unmatch(hit)
                 self.blocked = True
                 break

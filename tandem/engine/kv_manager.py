@@ -115,11 +115,12 @@ class KVManager:
             return 1 << 62
         return self.walloc.num_free + self.walloc.num_cached
 
-    def window_need(self, req: Request, end: int) -> int:
-        """Window pages ``req`` lacks for positions ``[0, end)``."""
+    def window_need(self, req: Request, end: int, have: int | None = None) -> int:
+        """Window pages ``req`` lacks for positions ``[0, end)`` (``have``: its table's
+        length, if not yet set)."""
         if self.walloc is None:
             return 0
-        return max(0, self.pages_for(end) - len(req.wpages))
+        return max(0, self.pages_for(end) - (len(req.wpages) if have is None else have))
 
     def grow_window(self, req: Request, end: int) -> None:
         """Window pages for positions up to ``end`` (the caller checked the room)."""

@@ -92,11 +92,18 @@ class PrefixCache:
         ok = self._window_ok(wpages)
         if self.snapshots is None:
             n = next(n for n in range(len(pages), -1, -1) if ok(n))
-            return StateHit(pages[:n], -1, matched, wpages[:n])
+            return StateHit(pages[:n], -1, matched, self._window_of(wpages, n))
         ends = itertools.accumulate(len(node.pages) for node in path)
         at = [(end, node.snapshot) for end, node in zip(ends, path, strict=True)]
         end, snap = next(((e, s) for e, s in reversed(at) if s >= 0 and ok(e)), (0, -1))
-        return StateHit(pages[:end], snap, matched, wpages[:end])
+        return StateHit(pages[:end], snap, matched, self._window_of(wpages, end))
+
+    def _window_of(self, wpages: list[int], n: int) -> list[int]:
+        """A hit of ``n`` pages gets the window pages its next position reads, -1 before."""
+        if self.walloc is None:
+            return []
+        lo = max(0, n * self.page_size - self.window + 1) // self.page_size
+        return [-1] * lo + wpages[lo:n]
 
     def _window_ok(self, wpages: list[int]):
         """Whether a hit of ``n`` pages has the window pages its next position reads."""

@@ -204,9 +204,17 @@ class Scheduler:
             proposals = speculation.back_up(self, proposals)
         need += speculation.extra_pages(kv, decodes, proposals)
         wneed += speculation.extra_window_pages(kv, decodes, proposals)
-        # New requests: pages for their known tokens, keeping the decodes' pages in reserve.
+        # New requests: pages for their known tokens, keeping the decodes' pages in reserve
+        # (and with a window group, the next window page of every running prefill too).
+        wreserve = wneed
+        if kv.walloc is not None:
+            wreserve += sum(
+                kv.window_need(r, r.num_computed + 1)
+                for r in self.running.values()
+                if r.status is RequestStatus.PREFILL
+            )
         for req in self.admission.admit(
-            self.waiting, len(self.running), need, self._leader_prefilling, wneed
+            self.waiting, len(self.running), need, self._leader_prefilling, wreserve
         ):
             self._waiting_ids.discard(req.request_id)
             self._admitted += 1

@@ -90,6 +90,10 @@ class _Context:
         assert window is None, "windowed layers are not compiled"
         return self._view if kernel else self._plain
 
+    def slots_for(self, window: int | None) -> mx.array:
+        assert window is None, "windowed layers are not compiled"
+        return self.write_slots
+
 
 class StaticDecode:
     def __init__(self, runner) -> None:

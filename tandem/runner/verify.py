@@ -61,9 +61,17 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     recurrent = bool(runner.state_specs)
     saved = runner.pool, runner.state_pool
     # The real pool's write path (in place or scatters) on a scratch pool.
+    # Sliding-window layers through a window group of their own (other page ids).
+    window = bool(runner.max_window)
     runner.pool = PagePool(
-        runner.specs, 7, PAGE, double_buffer=False, inplace=bool(saved[0] and saved[0].inplace)
+        runner.specs,
+        7,
+        PAGE,
+        double_buffer=False,
+        inplace=bool(saved[0] and saved[0].inplace),
+        window_pages=7 if window else 0,
     )
+    w_a, w_b, w_c = ((6, 5, 4), (3, 2), (6, 1, 0)) if window else ((), (), ())
     # Slots: a, b, the request resuming from a's snapshot, the snapshot.
     runner.state_pool = StatePool(runner.state_specs, 4) if recurrent else None
     none = RowSampling((), (), (), ())
@@ -71,19 +79,21 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
         snap = ((PAGE, 3),) if recurrent else ()
         first = StepPlan(
             1,
-            (Segment("a", 0, 8, tuple(a[:8]), pages_a, state_slot=0, snapshots=snap),),
+            (Segment("a", 0, 8, tuple(a[:8]), pages_a, wpages=w_a, state_slot=0, snapshots=snap),),
             (),
             (),
             none,
         )
         runner.forward(first, mx.array(a[:8], dtype=mx.int32), [7])
         segs = [
-            Segment("a", 8, 1, (a[8],), pages_a, state_slot=0),
-            Segment("b", 0, 5, tuple(b), pages_b, state_slot=1),
+            Segment("a", 8, 1, (a[8],), pages_a, wpages=w_a, state_slot=0),
+            Segment("b", 0, 5, tuple(b), pages_b, wpages=w_b, state_slot=1),
         ]
         if recurrent:  # a hit on a's first page and its state there
             c = tuple(a[PAGE:])
-            segs.append(Segment("c", PAGE, len(c), c, (0, 5, 6), state_slot=2, state_src=3))
+            segs.append(
+                Segment("c", PAGE, len(c), c, (0, 5, 6), wpages=w_c, state_slot=2, state_src=3)
+            )
         second = StepPlan(2, tuple(segs), (), (), none)
         inputs = [a[8], *b, *(a[PAGE:] if recurrent else [])]
         head = [0, 5, *([len(inputs) - 1] if recurrent else [])]

@@ -145,7 +145,7 @@ def test_double_buffer_replays_quantized_writes():
     latest: dict[int, list[mx.array]] = {}
     for slots in ([0, 1, 2], [2, 3], [5, 0], [6], [3, 6, 7]):
         s = np.array(slots)
-        pool.begin_step(s, mx.array(s))
+        pool.begin_step([(s, mx.array(s))])
         for layer, spec in enumerate(specs):
             shape = (len(slots), spec.k_heads, spec.k_dim)
             k, v = (mx.array(rng.standard_normal(shape).astype(np.float32)) for _ in "kv")
@@ -169,7 +169,7 @@ def test_quantized_pool_stores_what_attention_reads():
     rng = np.random.default_rng(0)
     for slots in ([0, 1, 2], [3, 8, 9]):
         s = np.array(slots)
-        pool.begin_step(s, mx.array(s))
+        pool.begin_step([(s, mx.array(s))])
         k, v = (mx.array(rng.standard_normal((3, 2, 64)).astype(np.float32)) for _ in "kv")
         pool.write(0, mx.array(s), k, v)
         rk, rv = kv_quant.roundtrip(pool.layer(0), k, v)

@@ -287,3 +287,15 @@ def test_window_pages_freed_behind_the_window_match_mlx_lm(family_model_dir, mod
             assert o.token_ids == reference(path, p, sp.max_tokens)
     kv = llm.engine.scheduler.kv
     assert kv.dropped_window_pages > 0 and kv.num_held == 0
+
+
+def test_window_group_sizing(family_model_dir):
+    """Sized automatically where a window is shorter than the context; off when set to 0 or
+    when no request can reach past the window; a set size beyond the KV memory refused."""
+    path = str(family_model_dir("gemma3_text"))
+    runner = LLM(path).engine.loop.runner
+    assert runner.pool.window_pages > 0 and runner.max_window == WINDOW
+    assert LLM(path, kv_window_pages=0).engine.loop.runner.pool.window_pages == 0
+    assert LLM(path, max_model_len=WINDOW).engine.loop.runner.pool.window_pages == 0
+    with pytest.raises(ValueError, match="more than the .* MiB of KV memory"):
+        LLM(path, kv_window_pages=10**9)

@@ -64,10 +64,10 @@ def test_the_double_buffer_drops_replayed_writes_this_step_overwrites():
     pool = PagePool([LayerSpec(1, 4, 1, 4, mx.float32)], 2, 4, double_buffer=True)
     ones = mx.ones((2, 1, 4))
     a = np.array([0, 1], dtype=np.int32)
-    pool.begin_step(a, mx.array(a))
+    pool.begin_step([(a, mx.array(a))])
     pool.write(0, mx.array(a), ones, ones)  # set 1: slots 0, 1 = 1
     b = np.array([1, 2], dtype=np.int32)
-    pool.begin_step(b, mx.array(b))  # set 0 owes slots 0, 1; this step rewrites slot 1
+    pool.begin_step([(b, mx.array(b))])  # set 0 owes slots 0, 1; this step rewrites slot 1
     pool.write(0, mx.array(b), 2 * ones, 2 * ones)
     k = np.array(pool.layer(0)[:, 0, 0])
     assert k[:3].tolist() == [1.0, 2.0, 2.0]

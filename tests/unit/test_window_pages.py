@@ -36,9 +36,9 @@ def test_a_hit_ends_where_the_window_before_it_is_cached():
     win.decref(wpages[:4])
     held = [-1] * 4 + wpages[4:]
     tree.insert(tokens, pages, held)
-    # A hit of 8 pages reads positions 23..31 (pages 5-7): there.
+    # A hit of 8 pages reads positions 23..31 (pages 5-7): there. It takes only those.
     hit = tree.match_hit(tokens + [1], 33)
-    assert len(hit.pages) == 8 and hit.wpages == held
+    assert len(hit.pages) == 8 and hit.wpages == [-1] * 5 + wpages[5:]
     # A hit ending after 5 pages would read positions 11..19 (pages 2-4): page 2, 3 gone;
     # the longest usable prefix of tokens[:22] is then none at all.
     hit = tree.match_hit(tokens[:22], 22)
@@ -171,3 +171,30 @@ def _params(n: int, seed: int):
     from tandem.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=n, seed=seed, temperature=0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_retracted_prefill_waits_for_window_room_instead_of_coming_back_stuck(overlap):
+    """Found in review: two prefills each holding their window in a group of 6 pages, one
+    of them on a cached prefix. The newest is retracted to let the other on; it must not be
+    admitted straight back onto its cached window pages (the two would be stuck again,
+    forever): admission keeps the running prefills' next window pages in reserve."""
+    engine, _ = window_engine(overlap, window_pages=6)
+    rng = random.Random(5)
+    first = [rng.randrange(1000) for _ in range(40)]
+    engine.add_request(first, _params(1, 0), "prev")
+    while engine.has_unfinished():
+        engine.step()
+    other = [rng.randrange(1000) for _ in range(60)]
+    engine.add_request(other, _params(5, 1), "r0")
+    engine.add_request([*first, 1, 2, 3, 4, 5], _params(5, 2), "r1")
+    got: dict[str, list[int]] = {"r0": [], "r1": []}
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+        engine.check_invariants()
+    assert not engine.has_unfinished()
+    assert got == {"r0": expected(1, other, 5), "r1": expected(2, [*first, 1, 2, 3, 4, 5], 5)}
+    assert engine.scheduler.stats.retractions <= 2
