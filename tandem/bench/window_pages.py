@@ -4,9 +4,9 @@ same KV memory, and how fast, with the window group (engine/kv_manager.py) and w
 N requests of ``--prompt-len`` tokens (``--output-len`` out each) arrive at once. Both runs
 get the same KV memory (``--kv-mib``): without the group every layer keeps every position
 (``kv_window_pages=0``, a pool of M / bytes-per-token tokens); with it the windowed layers'
-pages come from the automatically sized group and the rest of M goes to the full-attention
-layers' pages. Reports the pools, the peak number of requests running at once, retractions,
-time to first token and output throughput.
+pages come from the group sized as build.py sizes it (``--window-pages`` to set it) and the
+rest of M goes to the full-attention layers' pages. Reports the pools, the peak number of
+requests running at once, retractions, time to first token and output throughput.
 
     python -m tandem.bench.window_pages --shape gemma3-tiny --requests 16 --prompt-len 2048
 """
@@ -57,7 +57,7 @@ def run(llm: Any, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
     from tandem import LLM
-    from tandem.build import _window_pages
+    from tandem.build import _fit_window_group, _window_pages
     from tandem.config import EngineConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--kv-mib", type=float, default=0, help="KV memory (default: 4 prompts)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--window-pages", type=int, default=0, help="the group's size (default: auto)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
 
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         total = args.prompt_len + args.output_len
         memory = int(args.kv_mib * 2**20) or 4 * total * per_token
         page = 16
-        nw = _window_pages(EngineConfig(max_num_seqs=args.max_num_seqs), window, page, 2048)
+        # The group as build.py sizes it (every sequence's window, within half the memory).
+        config = EngineConfig(max_num_seqs=args.max_num_seqs)
+        nw = args.window_pages or _fit_window_group(
+            config, _window_pages(config, window, page, 2048), window, page, wbytes, memory, 2
+        )
         full_tokens = (memory - nw * page * wbytes) // (per_token - wbytes)
         configs = {
             "one group (every position kept)": {

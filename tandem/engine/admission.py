@@ -79,8 +79,12 @@ class Admission:
                     kv.unmatch(hit)
                     break
             need = kv.pages_for(len(tokens)) - len(hit.pages)
-            # Window pages: the running requests' next ones, and this one's first.
-            wfirst = kv.window_need(req, cached + 1, have=len(hit.wpages))
+            # Window pages: the running requests' next ones, and this one's until it holds
+            # a steady window.
+            wfirst = max(
+                kv.window_need(req, cached + 1, have=len(hit.wpages)),
+                kv.window_commitment(req, hit.wpages),
+            )
             if need + reserve > kv.available() or (window_reserve + wfirst > kv.window_available()):
                 kv.unmatch(hit)
                 self.blocked = True

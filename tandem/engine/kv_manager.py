@@ -122,6 +122,16 @@ class KVManager:
             return 0
         return max(0, self.pages_for(end) - (len(req.wpages) if have is None else have))
 
+    def window_commitment(self, req: Request, wpages: list[int] | None = None) -> int:
+        """Window pages ``req`` will still take before it holds a steady window (its
+        window's pages and the next one; fewer if it never grows that long): admission
+        keeps them for it, so requests admitted on full pages alone do not run the window
+        group short and retract each other. ``wpages``: its table, if not yet set."""
+        table = req.wpages if wpages is None else wpages
+        held = sum(pg >= 0 for pg in table[req.wfree if wpages is None else 0 :])
+        steady = min(self.pages_for(self.window) + 2, self.pages_for(req.max_len))
+        return max(0, steady - held)
+
     def grow_window(self, req: Request, end: int) -> None:
         """Window pages for positions up to ``end`` (the caller checked the room)."""
         n = self.window_need(req, end)

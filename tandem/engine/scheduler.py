@@ -208,10 +208,15 @@ class Scheduler:
         # (and with a window group, the next window page of every running prefill too).
         wreserve = wneed
         if kv.walloc is not None:
-            wreserve += sum(
-                kv.window_need(r, r.num_computed + 1)
+            # Each running request's next window pages, or what it still takes to hold a
+            # steady window, whichever is more (its decode's are in wneed).
+            wreserve = sum(
+                max(
+                    kv.window_need(r, r.num_computed + 1 + len(proposals.get(r.request_id, ()))),
+                    kv.window_commitment(r),
+                )
                 for r in self.running.values()
-                if r.status is RequestStatus.PREFILL
+                if not r.finished
             )
         for req in self.admission.admit(
             self.waiting, len(self.running), need, self._leader_prefilling, wreserve

@@ -127,13 +127,14 @@ def test_a_long_request_holds_its_window_not_its_length(overlap):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("speculate", [False, True])
 def test_staggered_load_with_hits_aborts_and_few_window_pages_is_exact(overlap, speculate):
-    """18 requests over a window group of 14 pages (the widest window needs 3-4 per
-    request): chunks wait for window pages, cached window pages are dropped for them,
+    """18 requests over a window group of 20 pages (the widest window needs 3-4 per
+    request, 5 to hold it steadily): admission waits for window room, chunks for window
+    pages, cached window pages are dropped for them,
     hits end where their window is cached; with n-gram verifies too."""
     spec = SpecConfig(num_tokens=4, max_batch=8, patience=3, backoff=4) if speculate else None
     extra = {"speculation": spec} if spec else {}
     arrivals, want = staggered(random.Random(11))
-    engine, runner = window_engine(overlap, window_pages=14, kv_budget_tokens=96 * P, **extra)
+    engine, runner = window_engine(overlap, window_pages=20, kv_budget_tokens=96 * P, **extra)
     got, reasons = drive(engine, arrivals, {12: "r4", 25: "r9"})
     check_staggered(got, reasons, want)
     kv = engine.scheduler.kv
@@ -151,7 +152,7 @@ def test_recurrent_layers_beside_windowed_ones(overlap):
     arrivals, want = staggered(random.Random(2))
     engine, runner = window_engine(
         overlap,
-        window_pages=16,
+        window_pages=24,
         runner_cls=FakeRecurrentRunner,
         state_slots=6,
         state_snapshots=12,
