@@ -139,6 +139,8 @@ def _stats(engine) -> dict[str, Any]:
         "kv_pages": sched.kv.num_pages,
         "kv_cached_pages": sched.kv.num_cached,
         "kv_held_pages": sched.kv.num_held,
+        "kv_window_pages": sched.kv.walloc.num_pages if sched.kv.walloc is not None else 0,
+        "kv_window_held_pages": sched.kv.window_held,
         "engine_steps": engine.steps,
         "engine_step_seconds": engine.step_seconds,
         "engine_cpu_seconds": time.process_time(),

@@ -110,6 +110,13 @@ class KVManager:
         self.drop_snapshot(hit.snapshot)
 
     # ---- the window group -------------------------------------------------------------
+    @property
+    def window_held(self) -> int:
+        """Window-group pages live requests hold (0 without the group)."""
+        if self.walloc is None:
+            return 0
+        return self.walloc.num_used - self.walloc.num_cached
+
     def window_available(self) -> int:
         if self.walloc is None:
             return 1 << 62

@@ -24,6 +24,14 @@ ENGINE_GAUGES = {
     ),
     "kv_pages": ("tandem_kv_pages", "Pages in the KV pool"),
     "kv_cached_pages": ("tandem_kv_cached_pages", "KV pages only the prefix cache holds"),
+    "kv_window_pages": (
+        "tandem_kv_window_pages",
+        "Pages of the sliding-window layers' own group, freed behind the window (0: none)",
+    ),
+    "kv_window_held_pages": (
+        "tandem_kv_window_held_pages",
+        "Sliding-window group pages live requests hold",
+    ),
 }
 
 # Engine stats that only grow (totals since the engine started): exported as counters, so

@@ -12,6 +12,8 @@ STATS = {
     "kv_usage": 0.25,
     "kv_pages": 64,
     "kv_cached_pages": 3,
+    "kv_window_pages": 40,
+    "kv_window_held_pages": 7,
     "prefix_cache_queried_tokens": 400,
     "prefix_cache_hit_tokens": 100,
     "retractions": 5,
