@@ -1,6 +1,7 @@
 """gpt_oss (sinks + windows), chunked-64 prefill: in-place writes, scatters, and mlx-lm's
 generate_step, token for token on the GPU (the H200 check found in-place and scatters
-disagreeing there). ``python scripts/h200_oss_diag.py [MODEL_TYPE] [OPTIONS_JSON]``"""
+disagreeing there). ``python scripts/h200_oss_diag.py [MODEL_TYPE] [OPTIONS_JSON] [VARIANTS]``
+(VARIANTS: a comma list of the names below)."""
 
 import json  # noqa: I001  (tandem.runner preloads BLAS before mlx)
 import random
@@ -37,13 +38,15 @@ def first_diff(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
-for name, opts in [
-    ("inplace", {}),
-    ("inplace-again", {}),
-    ("scatter", {"kv_inplace_writes": False}),
-    ("inplace-overlap-off", {"overlap": False}),
-    ("scatter-overlap-off", {"kv_inplace_writes": False, "overlap": False}),
-]:
+variants = {
+    "inplace": {},
+    "inplace-again": {},
+    "scatter": {"kv_inplace_writes": False},
+    "inplace-overlap-off": {"overlap": False},
+    "scatter-overlap-off": {"kv_inplace_writes": False, "overlap": False},
+}
+chosen = sys.argv[3].split(",") if len(sys.argv) > 3 else list(variants)
+for name, opts in [(n, variants[n]) for n in chosen]:
     llm = LLM(str(path), max_num_seqs=8, **extra, **opts)
     for rep in range(2):
         got = [r.token_ids for r in llm.generate(prompts, params)]
