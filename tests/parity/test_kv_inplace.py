@@ -72,6 +72,13 @@ def test_families_in_place_match_mlx_lm(emulated, family_model_dir, model_type):
     _staggered(family_model_dir(model_type), model_type)
 
 
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss"])
+def test_a_small_window_group_in_place_matches_mlx_lm(emulated, family_model_dir, model_type):
+    """The window layers' pool of 8 pages (engine/kv_manager.py's window group), written in
+    place at their own slots and its pages handed from request to request."""
+    _staggered(family_model_dir(model_type), model_type, kv_window_pages=8)
+
+
 def test_self_draft_in_place_is_accepted(emulated, tiny_model_dir):
     """The draft's forwards of a round (catch-up chunk, then k steps) each write its pool;
     the first chunk is read by nothing in its own forward, so only the chain carries it

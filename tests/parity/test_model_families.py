@@ -299,3 +299,24 @@ def test_window_group_sizing(family_model_dir):
     assert LLM(path, max_model_len=WINDOW).engine.loop.runner.pool.window_pages == 0
     with pytest.raises(ValueError, match="more than the .* MiB of KV memory"):
         LLM(path, kv_window_pages=10**9)
+
+
+def test_window_group_with_quantized_pages_equals_one_group(family_model_dir):
+    """int8 pages are quantized per token, so where a window layer's token lives changes
+    nothing: a small window group gives the one-group outputs exactly."""
+    path = str(family_model_dir("gpt_oss"))
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 400) for _ in range(rng.randint(5, 45))] for _ in range(8)]
+    outs = []
+    for pages in (0, 6):
+        llm = LLM(
+            path,
+            kv_cache_dtype="int8",
+            kv_page_size=4,
+            kv_window_pages=pages,
+            max_num_batched_tokens=16,
+            check_invariants=True,
+        )
+        assert llm.engine.loop.runner.pool.window_pages == pages
+        outs.append([o.token_ids for o in llm.generate(prompts, greedy(20))])
+    assert outs[0] == outs[1]
