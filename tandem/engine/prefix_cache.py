@@ -276,8 +276,10 @@ class PrefixCache:
 
     def drop_window(self, want: int) -> int:
         """Free at least ``want`` window pages only the tree holds (fewer if there are not
-        that many), least recently used nodes first; returns the pages freed."""
+        that many), least recently used nodes first; returns the pages freed. Frees a
+        64th of the group at least, so a warm cache is not walked for every page."""
         assert self.walloc is not None
+        want = max(want, self.walloc.num_pages // 64)
         refs = self.walloc.refs
         nodes = [n for n in self._nodes() if any(pg >= 0 and refs[pg] == 1 for pg in n.wpages)]
         freed = 0
