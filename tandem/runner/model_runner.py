@@ -28,8 +28,10 @@ from tandem.runner.kv_quant import KVQuant
 from tandem.runner.paged import PagePool, bytes_per_token, cache_class, quantizable
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
+    LogprobArrays,
     SamplingArrays,
     advance,
+    logprob_entries,
     logprobs_of,
     make_sampling_arrays,
     sample,
@@ -40,7 +42,6 @@ from tandem.runner.static_decode import StaticDecode
 from tandem.runner.step_context import StepContext
 
 log = logging.getLogger("tandem")
-LogprobArrays = tuple[mx.array, mx.array, mx.array]
 
 
 @dataclass
@@ -59,15 +60,6 @@ class Handle:
     # The plan's draft proposals: all in one array, and each proposing query's indices.
     drafted: tuple[mx.array, list[tuple[str, list[int]]]] | None = None
     draft_failed: bool = False
-
-
-def _entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
-    """(chosen, top ids, top values) → per row: (log-probability, its top ``ks[i]`` pairs)."""
-    chosen, top_ids, top_lps = (a.tolist() for a in arrays)
-    return [
-        (c, tuple(zip(i[:k], v[:k], strict=True)))
-        for c, i, v, k in zip(chosen, top_ids, top_lps, ks, strict=True)
-    ]
 
 
 def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | None:
@@ -444,7 +436,7 @@ class ModelRunner:
         if handle.prompt_logprobs:
             prompt = {}
             for rid, k, arrays in handle.prompt_logprobs:
-                prompt[rid] = prompt.get(rid, []) + _entries(arrays, [k] * arrays[0].size)
+                prompt[rid] = prompt.get(rid, []) + logprob_entries(arrays, [k] * arrays[0].size)
         drafted, failed = None, handle.draft_failed
         if handle.drafted is not None:
             flat = handle.drafted[0].tolist()
@@ -452,6 +444,6 @@ class ModelRunner:
         by_row = None
         if handle.logprobs is not None:
             rows = handle.plan.sampling.logprobs
-            entries = _entries(handle.logprobs, [k for _, k in rows])
+            entries = logprob_entries(handle.logprobs, [k for _, k in rows])
             by_row = {row: e for (row, _), e in zip(rows, entries, strict=True)}
         return StepResult(handle.plan.step_id, tokens, by_row, prompt, drafted, failed)

@@ -16,6 +16,19 @@ import numpy as np
 
 from tandem.engine.plan import RowSampling
 
+# (chosen, top ids, top values) of the rows that asked for log-probabilities.
+LogprobArrays = tuple[mx.array, mx.array, mx.array]
+
+
+def logprob_entries(arrays: LogprobArrays, ks: list[int]) -> list[tuple[float, tuple]]:
+    """(chosen, top ids, top values) → per row: (log-probability, its top ``ks[i]`` pairs)."""
+    chosen, top_ids, top_lps = (a.tolist() for a in arrays)
+    return [
+        (c, tuple(zip(i[:k], v[:k], strict=True)))
+        for c, i, v, k in zip(chosen, top_ids, top_lps, ks, strict=True)
+    ]
+
+
 _GOLDEN = 0x9E3779B1
 CANDIDATES_MAX = 1024
 
