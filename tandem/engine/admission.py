@@ -48,8 +48,8 @@ class Admission:
     ) -> list[Request]:
         """Pop the requests that start now from the head of ``waiting``; each comes back in
         PREFILL with its page table and ``num_computed`` at its cache hit. ``reserve`` pages
-        (and ``window_reserve`` of the window group, whose cached pages a hit takes: the
-        next page of each running request that needs one) stay for the running ones."""
+        (and ``window_reserve`` of the window group, whose cached pages a hit takes: each
+        running request's window room) stay for the running ones."""
         kv = self.kv
         admitted: list[Request] = []
         self.blocked = False

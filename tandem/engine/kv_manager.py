@@ -134,6 +134,8 @@ class KVManager:
         window's pages and the next one; fewer if it never grows that long): admission
         keeps them for it, so requests admitted on full pages alone do not run the window
         group short and retract each other. ``wpages``: its table, if not yet set."""
+        if self.walloc is None:
+            return 0
         table = req.wpages if wpages is None else wpages
         held = sum(pg >= 0 for pg in table[req.wfree if wpages is None else 0 :])
         steady = min(self.pages_for(self.window) + 2, self.pages_for(req.max_len))

@@ -203,13 +203,12 @@ class Scheduler:
         if kv.states is not None:
             proposals = speculation.back_up(self, proposals)
         need += speculation.extra_pages(kv, decodes, proposals)
-        wneed += speculation.extra_window_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve
-        # (and with a window group, the next window page of every running prefill too).
-        wreserve = wneed
+        # (and with a window group, every running request's window room).
+        wreserve = 0
         if kv.walloc is not None:
-            # Each running request's next window pages, or what it still takes to hold a
-            # steady window, whichever is more (its decode's are in wneed).
+            # Each running request's next window pages (a decode's with its proposals), or
+            # what it still takes to hold a steady window, whichever is more.
             wreserve = sum(
                 max(
                     kv.window_need(r, r.num_computed + 1 + len(proposals.get(r.request_id, ()))),

@@ -295,18 +295,7 @@ def extra_pages(
     kv: KVManager, decodes: list[tuple[Request, int]], proposals: dict[str, list[int]]
 ) -> int:
     """Pages the proposals need beyond their requests' plain decode."""
-    return sum(
-        kv.pages_for(r.num_computed + 1 + len(proposals.get(r.request_id, ())))
-        - max(len(r.pages), kv.pages_for(r.num_computed + 1))
-        for r, _ in decodes
-    )
-
-
-def extra_window_pages(
-    kv: KVManager, decodes: list[tuple[Request, int]], proposals: dict[str, list[int]]
-) -> int:
-    """Window-group pages the proposals need beyond their requests' plain decode."""
-    return sum(_proposal_pages(kv, r, len(proposals.get(r.request_id, ())))[1] for r, _ in decodes)
+    return sum(_proposal_pages(kv, r, len(proposals.get(r.request_id, ())))[0] for r, _ in decodes)
 
 
 def draft_lost(sched: Scheduler) -> None:
