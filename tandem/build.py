@@ -9,6 +9,7 @@ from pathlib import Path
 from tandem.config import EngineConfig
 from tandem.engine.engine import Engine
 from tandem.engine.grammar import GrammarCompiler
+from tandem.engine.kv_manager import min_window_pages
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.engine.speculation import SpecConfig
 from tandem.frontend.tokenizer import Tokenizer
@@ -212,8 +213,8 @@ def _fit_window_group(
     """The window group within the KV memory: an automatic one in at most 1 / ``share`` of
     it (its chunks and decodes wait or retract when it runs short), a set one in all."""
     per_page = page * wbytes
-    least = -(-window // page) + 2  # one request's window and its next page
     if config.kv_window_pages is None:
+        least = min_window_pages(window, page)
         window_pages = min(window_pages, max(least, memory // share // per_page))
     if window_pages * per_page > memory:
         raise ValueError(

@@ -19,6 +19,12 @@ from tandem.engine.request import Request
 from tandem.engine.state_slots import Snapshots
 
 
+def min_window_pages(window: int, page_size: int) -> int:
+    """The fewest window-group pages that serve: a request alone holds its window's pages
+    and needs one more to go on."""
+    return -(-window // page_size) + 2
+
+
 class KVManager:
     def __init__(
         self,
@@ -35,11 +41,11 @@ class KVManager:
         # The window group: positions the widest window reads (0: no group), its pages.
         self.window = window if window_pages else 0
         self.walloc = PageAllocator(window_pages) if self.window else None
-        if self.window and window_pages < self.pages_for(window) + 2:
-            # A request alone holds its window's pages and needs one more to go on.
+        least = min_window_pages(window, page_size)
+        if self.window and window_pages < least:
             raise ValueError(
                 f"{window_pages} window pages cannot hold a window of {window} positions "
-                f"(at least {self.pages_for(window) + 2} pages of {page_size})"
+                f"(at least {least} pages of {page_size})"
             )
         # Recurrent models: no snapshot slots, no prefix cache (nothing to resume from).
         if snapshots is not None and snapshots.num == 0:
