@@ -80,6 +80,7 @@ def _engine_config(args: argparse.Namespace):
         kv_budget_tokens=args.kv_budget_tokens,
         kv_page_size=args.kv_page_size,
         kv_window_pages=args.kv_window_pages,
+        compile_decode=args.compile_decode,
         kv_cache_dtype=args.kv_cache_dtype,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
@@ -149,6 +150,14 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         type=int,
         help="pages of the sliding-window layers' own group, freed behind the window "
         "(default: sized for every sequence's window; 0: no group)",
+    )
+    p.add_argument(
+        "--compile-decode",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="decode steps of at most ROWS rows replay a compiled trace of the model "
+        "(full-attention models; 0: off)",
     )
     p.add_argument(
         "--kv-cache-dtype",

@@ -35,10 +35,11 @@ class EngineConfig:
     # KV writes by a kernel into the one buffer set (None: where the kernels exist and pass
     # their check, i.e. MLX's CUDA backend without the double buffer; False: MLX scatters).
     kv_inplace_writes: bool | None = None
-    # Steady decode steps (single-token rows only) replay an mx.compile trace of the model
-    # instead of building its graph in Python (runner/static_decode.py); full-attention
-    # models on float pages with one KV buffer set.
-    compile_decode: bool = False
+    # Steady decode steps (single-token rows only) of at most this many rows replay an
+    # mx.compile trace of the model instead of building its graph in Python
+    # (runner/static_decode.py; 0: off, True: any number); full-attention models on float
+    # pages with one KV buffer set. On the H200 it paid at one row and cost at 16 and 64.
+    compile_decode: int = 0
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None
@@ -70,6 +71,10 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:
             raise ValueError("kv_memory_fraction must be in (0, 1]")
+        if self.compile_decode is True:
+            object.__setattr__(self, "compile_decode", self.max_num_seqs)
+        if self.compile_decode < 0:
+            raise ValueError("compile_decode must be >= 0")
         if self.kv_window_pages is not None and self.kv_window_pages < 0:
             raise ValueError("kv_window_pages must be >= 0")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):

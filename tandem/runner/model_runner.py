@@ -79,7 +79,7 @@ class ModelRunner:
         verify_layers: bool = True,
         kv_quant: KVQuant | None = None,
         inplace_writes: bool | None = None,
-        compile_decode: bool = False,
+        compile_decode: int = 0,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
@@ -87,8 +87,8 @@ class ModelRunner:
         ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py).
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
         None: where the kernels exist and pass their check, i.e. on CUDA, with one set).
-        ``compile_decode``: steady decode steps through ``mx.compile`` where the model allows
-        (runner/static_decode.py)."""
+        ``compile_decode``: steady decode steps of at most that many rows through
+        ``mx.compile`` where the model allows (runner/static_decode.py; 0: none)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -113,7 +113,7 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
-        self.compile_decode = compile_decode
+        self.compile_decode = int(compile_decode)  # (True: 1 row; EngineConfig: any)
         self.static: StaticDecode | None = None
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None

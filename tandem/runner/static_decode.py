@@ -120,6 +120,8 @@ class StaticDecode:
         self._shapes.clear()
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
+        if len(segments) > self.runner.compile_decode:
+            return False
         if not all(s.num_tokens == 1 and s.draft < 0 for s in segments):
             return False
         if head != list(range(len(segments))):

@@ -15,9 +15,9 @@ from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
 
 
 def _llm(path, **options) -> LLM:
+    options.setdefault("compile_decode", True)
     return LLM(
         str(path),
-        compile_decode=True,
         kv_double_buffer=False,
         check_invariants=True,
         max_num_seqs=32,
@@ -119,3 +119,22 @@ def test_a_trace_that_fails_turns_compiling_off(tiny_model_dir, monkeypatch):
     assert llm.generate([prompt], greedy(20))[0].token_ids == reference(path, prompt, 20)
     assert llm.engine.loop.runner.static is None
     assert llm.engine.scheduler.stats.step_failures == 0
+
+
+def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
+    """``compile_decode=2``: steps of three or more decode rows build their graph in Python
+    (on the H200 a trace paid at one row and cost at 16), those of one or two replay it;
+    every output equal to mlx-lm's."""
+    path = tiny_model_dir("llama")
+    llm = _llm(path, compile_decode=2)
+    static = llm.engine.loop.runner.static
+    assert llm.engine.loop.runner.compile_decode == 2
+    prompts = [[3 + i, 40 + 2 * i, 99, 7 * i + 1] for i in range(4)]
+    lengths = [4, 5, 20, 40]  # 4 rows, then 2 for 15 steps, then 1 for 20
+    outs = llm.generate(prompts, [greedy(n) for n in lengths])
+    for prompt, n, out in zip(prompts, lengths, outs, strict=True):
+        assert out.token_ids == reference(path, prompt, n)
+    assert static.traces <= 3  # 2 and 1 rows (a wider table at most once)
+    assert 30 <= static.replays <= 36  # the steps of 1-2 rows, none of 3-4
+    with pytest.raises(ValueError, match="compile_decode"):
+        LLM(str(path), compile_decode=-1)
