@@ -25,6 +25,15 @@ for part in $parts; do
         --input-len 128 --steps 128 --engine-options "$opt" --json "$out/profile-8b-inplace-$o.json" \
         2>&1 | grep -v "^\[transformers\]" | cut -c1-700
     done ;;
+  crossover)
+    # Where compiled steps stop paying (--compile-decode ROWS): step time by row count.
+    model
+    for o in plain compiled; do
+      opt='{}'; [ $o = compiled ] && opt='{"compile_decode": true}'
+      timeout 240 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,2,4,8 \
+        --input-len 128 --steps 64 --engine-options "$opt" --json "$out/crossover-8b-$o.json" \
+        2>&1 | grep -v "^\[transformers\]" | cut -c1-400
+    done ;;
   offline)
     model
     for o in compiled on off; do
