@@ -38,14 +38,26 @@ WRUNS = [
 ]
 
 
-def dense_mlp(self, x):  # gpt-oss's MoE block replaced by one expert's weights, no routing
+def dense_mlp(self, x):  # gpt-oss's MoE block replaced by an activation: no routing, no experts
     return x * mx.sigmoid(x)
+
+
+def routing_only(self, x):  # the router's top-k and softmax, no experts
+    values, _ = gpt_oss.mlx_topk(self.router(x), k=self.num_experts_per_tok, axis=-1)
+    return x * mx.softmax(values, axis=-1, precise=True).sum(axis=-1, keepdims=True)
+
+
+def experts_only(self, x):  # the experts (gather_mm, sorted where mlx-lm sorts), fixed routing
+    k = self.num_experts_per_tok
+    idx = mx.broadcast_to(mx.arange(k, dtype=mx.uint32), (*x.shape[:-1], k))
+    return self.experts(x, idx).sum(axis=-2) * 0.5
 
 
 CASES = {
     "oss": ("gpt_oss", {}, None, RUNS),
-    "oss-all-full": ("gpt_oss", {"layer_types": ["full_attention"] * 4}, None, RUNS),
     "oss-no-moe": ("gpt_oss", {}, ("MLPBlock", dense_mlp), RUNS),
+    "oss-routing-only": ("gpt_oss", {}, ("MLPBlock", routing_only), RUNS),
+    "oss-experts-only": ("gpt_oss", {}, ("MLPBlock", experts_only), RUNS),
     "oss-window": ("gpt_oss", {}, None, WRUNS),
     "gemma3-window": ("gemma3_text", {}, None, WRUNS),
 }
