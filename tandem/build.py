@@ -132,6 +132,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         window_pages = wbytes = 0
         num_pages = full_pages(0)
     runner.allocate_kv(num_pages, page, states, window_pages)
+    if not runner.batch_sequences:  # the load check turned batched verifies off
+        speculation = _speculation(config, runner.recurrent, batched=False)
     proposer = None
     if draft is not None:
         from tandem.runner.draft import DraftModel
@@ -300,15 +302,16 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
     return runner
 
 
-def _speculation(config: EngineConfig, recurrent: bool) -> SpecConfig:
+def _speculation(config: EngineConfig, recurrent: bool, batched: bool = True) -> SpecConfig:
     if config.speculative is None:
         return SpecConfig()
     max_batch = config.speculative_max_batch
     if max_batch is None:
-        # With recurrent layers a verify runs along its own (1, K + 1) sequence: each
-        # speculating request is a model call of its own (runner/recurrent_step.py), which
-        # costs more than it gives beside other decodes (docs/benchmarks.md).
-        max_batch = 1 if recurrent else 8
+        # With recurrent layers verifies of one length run as one (B, K + 1) call; where
+        # the load check found that layout wrong (``batch_sequences``), each speculating
+        # request is a call of its own, which costs more than it gives beside other
+        # decodes (docs/benchmarks.md).
+        max_batch = 1 if recurrent and not batched else 8
     return SpecConfig(
         num_tokens=config.num_speculative_tokens,
         max_batch=max_batch,

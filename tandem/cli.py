@@ -197,8 +197,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         "--speculative-max-batch",
         type=int,
         default=None,
-        help="no speculation while more requests than this decode (default 8; 1 for models "
-        "with recurrent layers, where each verify is a model call of its own)",
+        help="no speculation while more requests than this decode (default 8; 1 for a "
+        "recurrent model whose verifies cannot share a model call)",
     )
     p.add_argument(
         "--debug-invariants",

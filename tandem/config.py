@@ -52,8 +52,8 @@ class EngineConfig:
     state_snapshots: int | None = None
     # Speculative decoding: None (off), "ngram" (prompt lookup) or "draft" (a smaller model
     # with the same tokenizer, draft_model); K proposed tokens per verify; no speculation
-    # once more than speculative_max_batch requests decode (None: 8; 1 for models with
-    # recurrent layers, where each speculating request's verify is a model call of its own).
+    # once more than speculative_max_batch requests decode (None: 8; 1 for a model with
+    # recurrent layers whose verifies cannot share a call: its load check says).
     speculative: str | None = None
     draft_model: str | None = None
     num_speculative_tokens: int = 4

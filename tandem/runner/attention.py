@@ -32,7 +32,7 @@ import mlx.nn as nn
 
 from tandem.runner import kernels, kv_owners, kv_quant
 from tandem.runner.layers import ProbeCache
-from tandem.runner.paged import PagedCache
+from tandem.runner.paged import PagedCache, flat_tokens
 from tandem.runner.step_context import AttnView
 
 SEAM = "scaled_dot_product_attention"
@@ -77,10 +77,11 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
         )
     pool = cache.state
     view = cache.ctx.view(cache.spec.window, kernel=sinks is None)
-    if cache.ctx.sequence:  # (1, H, n, D) -> (n, H, 1, D) and back
-        flat = [x[0].transpose(1, 0, 2)[:, :, None, :] for x in (queries, keys, values)]
-        out = gather_attention(view, *flat, pool, scale, sinks, cache.token)
-        return out[:, :, 0, :].transpose(1, 0, 2)[None]
+    if cache.ctx.sequence:  # (B, H, n, D) -> (B n, H, 1, D) and back
+        b, _, n, _ = queries.shape
+        flat = [flat_tokens(x)[:, :, None, :] for x in (queries, keys, values)]
+        out = gather_attention(view, *flat, pool, scale, sinks, cache.token)[:, :, 0, :]
+        return out.reshape(b, n, *out.shape[1:]).transpose(0, 2, 1, 3)
     return gather_attention(view, queries, keys, values, pool, scale, sinks, cache.token)
 
 

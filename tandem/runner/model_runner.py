@@ -96,6 +96,7 @@ class ModelRunner:
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
         self.own_recurrence = gated_delta.install(model)
+        self.batch_sequences = True  # False: the load check found (B, n) calls wrong
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
                 model, model_type, layout
@@ -333,9 +334,9 @@ class ModelRunner:
     def call(
         self, ctx: StepContext, inputs: mx.array, rows: list[int], states: list | None = None
     ) -> mx.array:
-        """The model on ``inputs`` ((T, 1) rows, or (1, n) in the sequence layout); the
-        logits of token ``rows`` (in that order), (len(rows), vocab). ``states``: the step's
-        recurrent caches for this call, written back after it."""
+        """The model on ``inputs`` ((T, 1) rows, or (B, n) in the sequence layout: tokens
+        counted sequence by sequence); the logits of token ``rows`` (in that order),
+        (len(rows), vocab). ``states``: the step's recurrent caches, written back after."""
         assert self.pool is not None
         pool = self.pool
 
@@ -358,7 +359,7 @@ class ModelRunner:
                 finally:
                     self.selector.select(None)
             elif ctx.sequence:
-                logits = self.model(inputs, cache=caches)[0, head_rows, :]
+                logits = self.model(inputs, cache=caches).flatten(0, 1)[head_rows]
             else:
                 logits = self.model(inputs, cache=caches)[head_rows, 0, :]
         for c in states or ():

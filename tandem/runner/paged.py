@@ -192,6 +192,12 @@ class PagePool:
         return [a for buf in self.sets[self.current] for a in kv_quant.parts(buf)]
 
 
+def flat_tokens(x: mx.array) -> mx.array:
+    """(B, heads, n, D) sequences as (B n, heads, D) tokens, sequence by sequence."""
+    b, h, n, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b * n, h, d)
+
+
 class PagedCache:
     """One layer's view of a step (mlx-lm's cache protocol): RoPE offsets per token and the
     scatter of the new K/V into the pool. A paged layer's attention reads the pool through
@@ -206,14 +212,15 @@ class PagedCache:
     @property
     def offset(self) -> mx.array | int:
         if self.ctx.sequence:
-            return self.ctx.segments[0].start
+            segs = self.ctx.segments
+            return segs[0].start if len(segs) == 1 else self.ctx.starts
         return self.ctx.positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        # keys: (T, kv_heads, 1, D) — one token per batch entry — or (1, kv_heads, n, D) in
+        # keys: (T, kv_heads, 1, D) — one token per batch entry — or (B, kv_heads, n, D) in
         # the sequence layout.
         if self.ctx.sequence:
-            k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)
+            k, v = flat_tokens(keys), flat_tokens(values)
         elif self.pool.inplace:  # the kernel reads (T, heads, 1, D) as (T, heads, D) rows
             k, v = keys, values
         else:

@@ -1,7 +1,9 @@
 """A step of a model with recurrent layers: one model call on the step's single-token
-segments (each row its request's state; one more for rows starting a sequence) and one
-``(1, n)`` call per prefill chunk, cut where a snapshot of the state is kept, so the
-recurrence runs along the chunk (runner/state.py holds the states)."""
+segments (each row its request's state; one more for rows starting a sequence); one
+``(B, n)`` call per group of equally long multi-token segments (speculative verifies of K + 1
+tokens, prompt chunks of one length), each row a sequence its recurrence runs along; and one
+``(1, n)`` call per piece of a prefill chunk cut where a snapshot of the state is kept
+mid-chunk (runner/state.py holds the states)."""
 
 from __future__ import annotations
 
@@ -98,9 +100,13 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         outs.append(runner.call(runner.context(segs), x[:, None], rows, states))
         if keep is not None:
             sp.resident = (rows_slots, keep)
-    for i, seg in enumerate(plan.segments):
-        if seg.num_tokens == 1:
+    multi = [i for i, seg in enumerate(plan.segments) if seg.num_tokens > 1]
+    for group in _batches(runner, plan.segments, multi):
+        if len(group) > 1:
+            outs.append(_batched(runner, plan.segments, group, inputs, starts, where, order))
             continue
+        i = group[0]
+        seg = plan.segments[i]
         assert seg.state_slot >= 0, "a recurrent row without a slot"
         write = slots([seg.state_slot])
         snaps = dict(seg.snapshots)
@@ -129,3 +135,61 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
     if order != list(range(len(order))):
         logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]
     return logits
+
+
+def _batches(runner: ModelRunner, segments: tuple[Segment, ...], multi: list[int]) -> list:
+    """The multi-token segments in groups of one model call each: equally long ones that
+    start alike (at 0 or not), with or without a backup alike and no snapshot before their
+    end together (where the runner's load check passed the batched layout); the rest alone."""
+    if not runner.batch_sequences:
+        return [[i] for i in multi]
+    groups: dict[tuple, list[int]] = {}
+    alone: list[list[int]] = []
+    for i in multi:
+        seg = segments[i]
+        if any(pos < seg.end for pos, _ in seg.snapshots):
+            alone.append([i])
+            continue
+        key = (seg.num_tokens, seg.start == 0, seg.state_backup >= 0)
+        groups.setdefault(key, []).append(i)
+    return [*groups.values(), *alone]
+
+
+def _batched(
+    runner: ModelRunner,
+    segments: tuple[Segment, ...],
+    group: list[int],
+    inputs: mx.array,
+    starts: list[int],
+    where: dict[int, int],
+    order: list[int],
+) -> mx.array:
+    """One (B, n) call on ``group``'s equally long segments, each row a sequence reading its
+    state (none where they start at 0), a verify's copied to its backup slot first, a
+    snapshot at its end copied from its row; appends the head indices of the rows whose
+    logits it returns to ``order``."""
+    sp = runner.state_pool
+    assert sp is not None
+    segs = [segments[i] for i in group]
+    n = segs[0].num_tokens
+    assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
+
+    def slots(values: list[int]) -> mx.array:
+        return mx.array(values, dtype=mx.int32)
+
+    write = slots([seg.state_slot for seg in segs])
+    read = None if segs[0].start == 0 else slots([_source(seg) for seg in segs])
+    copies = [(b, slot) for b, seg in enumerate(segs) for _, slot in seg.snapshots]
+    copy = (slots([b for b, _ in copies]), slots([s for _, s in copies])) if copies else None
+    backup = slots([seg.state_backup for seg in segs]) if segs[0].state_backup >= 0 else None
+    assert backup is None or read is not None
+    states = [StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))]
+    rows: list[int] = []
+    for b, i in enumerate(group):
+        for k in range(n):
+            if starts[i] + k in where:
+                rows.append(b * n + k)
+                order.append(where[starts[i] + k])
+    tokens = mx.array([starts[i] + k for i in group for k in range(n)], dtype=mx.int32)
+    x = inputs[tokens].reshape(len(group), n)
+    return runner.call(runner.context(segs, sequence=True), x, rows, states)

@@ -25,8 +25,8 @@ class SelectRows(nn.Module):
             return getattr(self.inner, name)
 
     def select(self, rows: mx.array | None, *, sequence: bool = False) -> None:
-        """Keep only token ``rows``: of (T, 1, D) rows, or of a (1, n, D) sequence
-        (returned as (k, 1, D) either way)."""
+        """Keep only token ``rows``: of (T, 1, D) rows, or of (B, n, D) sequences taken
+        sequence by sequence (returned as (k, 1, D) either way)."""
         object.__setattr__(self, "_rows", rows)
         object.__setattr__(self, "_sequence", sequence)
 
@@ -35,7 +35,9 @@ class SelectRows(nn.Module):
         rows = self.__dict__.get("_rows")
         if rows is None:
             return h
-        return h[0][rows][:, None] if self.__dict__.get("_sequence") else h[rows]
+        if self.__dict__.get("_sequence"):
+            return h.reshape(-1, h.shape[-1])[rows][:, None]
+        return h[rows]
 
 
 def install_row_selection(model: nn.Module) -> SelectRows | None:

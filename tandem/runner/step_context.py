@@ -8,8 +8,9 @@ starting at 0, attends to its fresh keys. A sliding-window layer reads only the 
 positions of each segment, so its cost is bounded by the window; the per-window layouts are
 built on first use and shared by every layer of that window. A dense layer (``layers``) gets
 each token's own history, gathered and padded, with the mask of its real positions. A model
-with recurrent layers is called once on its decodes and once per prefill chunk, the chunk as
-one (1, n) sequence (``sequence``), so its recurrence runs along the chunk.
+with recurrent layers is called once on its decodes and once per multi-token segment (or per
+group of equally long ones), each segment a sequence of a (B, n) batch (``sequence``), so its
+recurrence runs along the segment.
 """
 
 from __future__ import annotations
@@ -147,10 +148,12 @@ class StepContext:
         self.windowed = windowed
         self.page_size = p = page_size
         self.segments = tuple(segments)
-        # ``sequence``: the model is called on one segment as a (1, n) sequence (recurrent
-        # models' prefill chunks), not on (T, 1) single-token rows.
+        # ``sequence``: the model is called on the segments as a (B, n) batch of sequences
+        # (recurrent models' prefill chunks and verifies, all n tokens long), not on (T, 1)
+        # single-token rows.
         self.sequence = sequence
-        assert not sequence or len(self.segments) == 1
+        assert not sequence or len({s.num_tokens for s in self.segments}) == 1
+        self._starts: mx.array | None = None
         positions: list[int] = []
         write_slots: list[int] = []
         window_slots: list[int] = []
@@ -172,6 +175,13 @@ class StepContext:
         self._views: dict[tuple[int | None, bool], AttnView] = {}
         self._dense: dict[int | None, DenseView] = {}
         self.mask_rank = 4
+
+    @property
+    def starts(self) -> mx.array:
+        """(B,) the first position of each sequence of the sequence layout (RoPE offsets)."""
+        if self._starts is None:
+            self._starts = mx.array([s.start for s in self.segments], dtype=mx.int32)
+        return self._starts
 
     def _table(self, seg: Segment, window: int | None) -> tuple[int, ...]:
         """The page table a layer of ``window`` reads ``seg`` through."""
@@ -261,17 +271,25 @@ class StepContext:
     def dense(self, window: int | None) -> DenseView:
         """Per token: the pool slots of positions [lo, pos] of its own request (lo: 0, or
         the window's first), padded to the longest; the mask marks the real ones."""
+        p = self.page_size
         if window not in self._dense and self.sequence:
-            # One (1, n) chunk: its request's keys [lo, end), causal (and windowed) mask.
-            seg = self.segments[0]
-            lo = 0 if window is None else max(0, seg.start - window + 1)
-            q = np.arange(seg.start, seg.end)[:, None]
-            k = np.arange(lo, seg.end)[None]
-            mask = (k <= q) & (True if window is None else (k > q - window))
-            slots = _slots(self._table(seg, window), lo, seg.end, self.page_size)[None]
-            self._dense[window] = DenseView(mx.array(slots), mx.array(mask))
+            # Each (1, n) sequence: its request's keys [lo, end), padded to the longest, under
+            # a causal (and windowed) mask: (n, L) for one sequence, else (B, 1, n, L).
+            segs = self.segments
+            los = [0 if window is None else max(0, s.start - window + 1) for s in segs]
+            width = max(s.end - lo for s, lo in zip(segs, los, strict=True))
+            n = segs[0].num_tokens
+            slots = np.zeros((len(segs), width), dtype=np.int32)
+            mask = np.zeros((len(segs), n, width), dtype=bool)
+            for b, (seg, lo) in enumerate(zip(segs, los, strict=True)):
+                q = np.arange(seg.start, seg.end)[:, None]
+                k = np.arange(lo, seg.end)[None]
+                m = (k <= q) & (True if window is None else (k > q - window))
+                mask[b, :, : seg.end - lo] = m
+                slots[b, : seg.end - lo] = _slots(self._table(seg, window), lo, seg.end, p)
+            dense_mask = mask[0] if len(segs) == 1 else mask[:, None]
+            self._dense[window] = DenseView(mx.array(slots), mx.array(dense_mask))
         if window not in self._dense:
-            p = self.page_size
             rows, counts = [], []
             for seg in self.segments:
                 for pos in range(seg.start, seg.end):

@@ -106,15 +106,65 @@ def test_ngram_proposals_on_a_hybrid_model_match_mlx_lm(family_model_dir):
     assert llm.engine.scheduler.stats.spec_verifies > 0
 
 
-def test_recurrent_models_speculate_alone_by_default(family_model_dir, tiny_model_dir):
-    """Each verify of a recurrent model is a model call of its own: by default only a lone
-    decoding request speculates. The verifies' backup slots come on top of the prefix
-    cache's, and --state-snapshots 0 still means no prefix cache."""
+def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny_model_dir):
+    """Verifies of one length run as one (B, K + 1) call, so up to 8 decoding requests
+    speculate by default as on other models. Their backup slots (two per speculating
+    request) come on top of the prefix cache's, and --state-snapshots 0 still means no
+    prefix cache."""
     ngram = {"speculative": "ngram"}
     hybrid = LLM(str(family_model_dir("qwen3_next")), max_num_seqs=4, **ngram).engine.scheduler
-    assert hybrid.config.speculation.max_batch == 1
-    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + 2
+    assert hybrid.config.speculation.max_batch == 8
+    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + 16
     plain = LLM(str(tiny_model_dir("llama")), **ngram).engine.scheduler
     assert plain.config.speculation.max_batch == 8
     off = LLM(str(family_model_dir("qwen3_next")), state_snapshots=0, **ngram).engine.scheduler
-    assert off.kv.tree is None and off.kv.states.num == 2
+    assert off.kv.tree is None and off.kv.states.num == 16
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])
+def test_verifies_of_one_length_run_as_one_call(family_model_dir, monkeypatch, model_type):
+    """Equally long verifies (and prompt chunks) of several requests go through the model
+    together, each row its own state and backup: the outputs equal mlx-lm's and fewer
+    calls ran than segments."""
+    from tandem.runner import recurrent_step
+
+    calls, rows = [], []
+    batched = recurrent_step._batched
+
+    def counting(runner, segments, group, *args):
+        calls.append(len(group))
+        rows.extend(segments[i].num_tokens for i in group)
+        return batched(runner, segments, group, *args)
+
+    monkeypatch.setattr(recurrent_step, "_batched", counting)
+    path = family_model_dir(model_type)
+    prompts = [p[:12] + [5 + i] for i, p in enumerate(prompts_for(7))]  # 13 tokens each
+    oracle(monkeypatch, path, prompts, seed=8)
+    llm = LLM(str(path), check_invariants=True, kv_page_size=4, **SPEC)
+    calls.clear()  # (the load check's)
+    outs = llm.generate(prompts, greedy(N))
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, N)
+    assert calls and max(calls) >= 3  # several verifies (or prompts) in one call
+    assert 5 in rows  # verifies of K + 1 = 5 tokens among them
+
+
+def test_a_model_failing_the_batched_check_runs_its_segments_alone(
+    family_model_dir, monkeypatch, caplog
+):
+    """Where the (B, n) layout disagrees with mlx-lm at load, the model is still served,
+    each multi-token segment a call of its own, and speculates one request at a time."""
+    from tandem.runner import recurrent_step
+
+    def wrong(runner, segments, group, *args):
+        raise ValueError("a layout this model does not take")
+
+    monkeypatch.setattr(recurrent_step, "_batched", wrong)
+    path = family_model_dir("qwen3_next")
+    llm = LLM(str(path), check_invariants=True, kv_page_size=4, speculative="ngram")
+    assert not llm.engine.loop.runner.batch_sequences
+    assert llm.engine.scheduler.config.speculation.max_batch == 1
+    assert "one call each" in caplog.text
+    prompts = [p[:12] for p in prompts_for(9)]
+    for p, o in zip(prompts, llm.generate(prompts, greedy(12)), strict=True):
+        assert o.token_ids == reference(path, p, 12)
