@@ -114,7 +114,7 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
         self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
-        self.compile_decode = int(compile_decode)  # (True: 1 row; EngineConfig: any)
+        self.compile_decode = 1 << 30 if compile_decode is True else int(compile_decode)
         self.static: StaticDecode | None = None
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None

@@ -274,7 +274,8 @@ class StepContext:
         p = self.page_size
         if window not in self._dense and self.sequence:
             # Each (1, n) sequence: its request's keys [lo, end), padded to the longest, under
-            # a causal (and windowed) mask: (n, L) for one sequence, else (B, 1, n, L).
+            # a causal (and windowed) mask: (n, L) for one sequence, else (B, 1, n, L) (or
+            # (B, 1, 1, n, L) where the model's mask is of rank 5).
             segs = self.segments
             los = [0 if window is None else max(0, s.start - window + 1) for s in segs]
             width = max(s.end - lo for s, lo in zip(segs, los, strict=True))
@@ -287,7 +288,8 @@ class StepContext:
                 m = (k <= q) & (True if window is None else (k > q - window))
                 mask[b, :, : seg.end - lo] = m
                 slots[b, : seg.end - lo] = _slots(self._table(seg, window), lo, seg.end, p)
-            dense_mask = mask[0] if len(segs) == 1 else mask[:, None]
+            lead = (len(segs),) + (1,) * (self.mask_rank - 3)
+            dense_mask = mask[0] if len(segs) == 1 else mask.reshape(*lead, n, width)
             self._dense[window] = DenseView(mx.array(slots), mx.array(dense_mask))
         if window not in self._dense:
             rows, counts = [], []

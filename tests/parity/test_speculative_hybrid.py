@@ -121,32 +121,62 @@ def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny
     assert off.kv.tree is None and off.kv.states.num == 16
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])
-def test_verifies_of_one_length_run_as_one_call(family_model_dir, monkeypatch, model_type):
-    """Equally long verifies (and prompt chunks) of several requests go through the model
-    together, each row its own state and backup: the outputs equal mlx-lm's and fewer
-    calls ran than segments."""
+def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
+    """Each batched call's (rows, tokens per row, whether its rows keep backups)."""
     from tandem.runner import recurrent_step
 
-    calls, rows = [], []
+    calls: list[tuple[int, int, bool]] = []
     batched = recurrent_step._batched
 
     def counting(runner, segments, group, *args):
-        calls.append(len(group))
-        rows.extend(segments[i].num_tokens for i in group)
+        first = segments[group[0]]
+        calls.append((len(group), first.num_tokens, first.state_backup >= 0))
         return batched(runner, segments, group, *args)
 
     monkeypatch.setattr(recurrent_step, "_batched", counting)
+    return calls
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])
+def test_verifies_of_one_length_run_as_one_call(family_model_dir, monkeypatch, model_type):
+    """Equally long verifies of several requests go through the model together, each row
+    its own state and backup: the outputs equal mlx-lm's."""
+    calls = _spy(monkeypatch)
     path = family_model_dir(model_type)
-    prompts = [p[:12] + [5 + i] for i, p in enumerate(prompts_for(7))]  # 13 tokens each
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 500) for _ in range(13)] for _ in range(6)]
     oracle(monkeypatch, path, prompts, seed=8)
     llm = LLM(str(path), check_invariants=True, kv_page_size=4, **SPEC)
     calls.clear()  # (the load check's)
     outs = llm.generate(prompts, greedy(N))
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == reference(path, p, N)
-    assert calls and max(calls) >= 3  # several verifies (or prompts) in one call
-    assert 5 in rows  # verifies of K + 1 = 5 tokens among them
+    verifies = [rows for rows, n, backup in calls if backup and n == 5]
+    assert verifies and max(verifies) >= 3  # several verifies of K + 1 in one call
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "falcon_h1"])
+def test_prompts_of_one_length_prefill_as_one_call(family_model_dir, monkeypatch, model_type):
+    """Without the prefix cache (no snapshot mid-prompt), prompts of one length starting
+    together are one (B, n) call reading no state; chunked under a smaller budget, the
+    prompts the budget takes whole still share one."""
+    calls = _spy(monkeypatch)
+    path = family_model_dir(model_type)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 500) for _ in range(11)] for _ in range(4)]
+    for chunk in (2048, 24):  # whole prompts; chunks of 11 + 11 + 2 (the last alone)
+        llm = LLM(
+            str(path),
+            check_invariants=True,
+            kv_page_size=4,
+            prefix_cache=False,
+            max_num_batched_tokens=chunk,
+        )
+        calls.clear()
+        outs = llm.generate(prompts, greedy(12))
+        for p, o in zip(prompts, outs, strict=True):
+            assert o.token_ids == reference(path, p, 12)
+        assert (4, 11, False) in calls if chunk == 2048 else (2, 11, False) in calls
 
 
 def test_a_model_failing_the_batched_check_runs_its_segments_alone(
