@@ -74,7 +74,9 @@ prompts = [
 ]
 ns = [rng.randrange(8, 48) for _ in prompts]
 params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in ns]
-env = {k: v for k, v in os.environ.items() if k.startswith("MLX_")}
+env = {k: v for k, v in os.environ.items() if k.startswith(("MLX_", "TRACE_"))}
+if "TRACE_CACHE_LIMIT" in os.environ:  # 0: freed buffers go back to the device at once
+    mx.set_cache_limit(int(os.environ["TRACE_CACHE_LIMIT"]))
 root = Path(tempfile.mkdtemp())
 chosen = sys.argv[1].split(",") if len(sys.argv) > 1 else list(CASES)
 for case in chosen:
