@@ -19,7 +19,7 @@ for part in $parts; do
   profile)
     model
     for o in on off compiled; do
-      opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
+      opt='{"compile_decode": 0}'; [ $o = off ] && opt='{"compile_decode": 0, "kv_inplace_writes": false}'
       [ $o = compiled ] && opt='{"compile_decode": true}'
       timeout 300 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,16 \
         --input-len 128 --steps 128 --engine-options "$opt" --json "$out/profile-8b-inplace-$o.json" \
@@ -29,7 +29,7 @@ for part in $parts; do
     # Where compiled steps stop paying (--compile-decode ROWS): step time by row count.
     model
     for o in plain compiled; do
-      opt='{}'; [ $o = compiled ] && opt='{"compile_decode": true}'
+      opt='{"compile_decode": 0}'; [ $o = compiled ] && opt='{"compile_decode": true}'
       timeout 240 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,2,4,8 \
         --input-len 128 --steps 64 --engine-options "$opt" --json "$out/crossover-8b-$o.json" \
         2>&1 | grep -v "^\[transformers\]" | cut -c1-400
@@ -37,7 +37,7 @@ for part in $parts; do
   offline)
     model
     for o in compiled on off; do
-      opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
+      opt='{"compile_decode": 0}'; [ $o = off ] && opt='{"compile_decode": 0, "kv_inplace_writes": false}'
       [ $o = compiled ] && opt='{"compile_decode": true}'
       timeout 280 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes 16,64 \
         --input-len 128 --output-len 128 --single-tokens 256 --repeats 2 --overlap-batch 0 \

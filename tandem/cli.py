@@ -154,10 +154,10 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument(
         "--compile-decode",
         type=int,
-        default=0,
+        default=None,
         metavar="ROWS",
         help="decode steps of at most ROWS rows replay a compiled trace of the model "
-        "(full-attention models; 0: off)",
+        "(full-attention models; default 8 on a GPU, off on the CPU; 0: off)",
     )
     p.add_argument(
         "--kv-cache-dtype",

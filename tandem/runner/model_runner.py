@@ -38,7 +38,7 @@ from tandem.runner.sampler import (
     token_logprobs,
 )
 from tandem.runner.state import StatePool
-from tandem.runner.static_decode import StaticDecode
+from tandem.runner.static_decode import GPU_ROWS, StaticDecode
 from tandem.runner.step_context import StepContext
 
 log = logging.getLogger("tandem")
@@ -79,7 +79,7 @@ class ModelRunner:
         verify_layers: bool = True,
         kv_quant: KVQuant | None = None,
         inplace_writes: bool | None = None,
-        compile_decode: int = 0,
+        compile_decode: int | None = 0,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py). None picks it where it was measured to pay: with
@@ -88,7 +88,8 @@ class ModelRunner:
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
         None: where the kernels exist and pass their check, i.e. on CUDA, with one set).
         ``compile_decode``: steady decode steps of at most that many rows through
-        ``mx.compile`` where the model allows (runner/static_decode.py; 0: none)."""
+        ``mx.compile`` where the model allows (runner/static_decode.py; 0: none; None:
+        ``GPU_ROWS`` on a GPU, none on the CPU)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -106,14 +107,13 @@ class ModelRunner:
         self.state_pool: StatePool | None = None
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
-        # A recurrent model's step is several model calls writing the pool in turn; the
-        # double buffer's replay assumes one write per layer and step.
+        # (A recurrent step is several calls; the double buffer replays one write a layer.)
         double_buffer = double_buffer and not self.state_specs
-        # The device's paged decode kernel where it exists and agrees with the gather path
-        # (the CPU backend always gathers). None: decided when the pool is allocated.
-        self.decode_kernel = decode_kernel
+        self.decode_kernel = decode_kernel  # None: decided with the pool (the CPU gathers)
         self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
+        if compile_decode is None:
+            compile_decode = 0 if mx.default_device() == mx.cpu else GPU_ROWS
         self.compile_decode = 1 << 30 if compile_decode is True else int(compile_decode)
         self.static: StaticDecode | None = None
         self.kv_quant = kv_quant

@@ -138,3 +138,12 @@ def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
     assert 30 <= static.replays <= 36  # the steps of 1-2 rows, none of 3-4
     with pytest.raises(ValueError, match="compile_decode"):
         LLM(str(path), compile_decode=-1)
+
+
+def test_compiled_steps_are_off_by_default_on_the_cpu(tiny_model_dir):
+    """None: the GPU's row count (static_decode.GPU_ROWS) there, none on the CPU, where the
+    default two buffer sets keep the trace out anyway and overlap-off steps stay uncompiled."""
+    llm = LLM(str(tiny_model_dir("llama")), overlap=False)
+    assert llm.config.compile_decode is None
+    assert llm.engine.loop.runner.compile_decode == 0
+    assert llm.engine.loop.runner.static is None
