@@ -48,20 +48,26 @@ prompts = [
 params = [
     SamplingParams(max_tokens=rng.randrange(8, 48), temperature=0, ignore_eos=True) for _ in prompts
 ]
+# Uncompiled unless the row says so (compiled steps are the CUDA default for up to 8 rows).
 configs = {
-    "default": {},
-    "overlap-off": {"overlap": False},
-    "chunked-64": {"max_num_batched_tokens": 64},
+    "default": {"compile_decode": 0},
+    "overlap-off": {"overlap": False, "compile_decode": 0},
+    "chunked-64": {"max_num_batched_tokens": 64, "compile_decode": 0},
     "int8": {"kv_cache_dtype": "int8"},
     # Compiled decode steps (runner/static_decode.py) against uncompiled scatters.
     "compiled": {"compile_decode": True},
     "compiled-overlap-off": {"compile_decode": True, "overlap": False},
     # The model drafting for itself: its draft pool is written in place too; acceptance
     # near 100% says the draft's KV was all written.
-    "self-draft": {"speculative": "draft", "num_speculative_tokens": 4},
+    "self-draft": {"speculative": "draft", "num_speculative_tokens": 4, "compile_decode": 0},
     # n-gram verifies on the recurrent models: rejected proposals roll the state back from
     # each verify's backup and replay (engine/results.py); equal to "default" too.
-    "ngram": {"speculative": "ngram", "num_speculative_tokens": 4, "speculative_max_batch": 8},
+    "ngram": {
+        "speculative": "ngram",
+        "num_speculative_tokens": 4,
+        "speculative_max_batch": 8,
+        "compile_decode": 0,
+    },
 }
 
 

@@ -288,6 +288,7 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
         inplace_writes=config.kv_inplace_writes,
+        compile_decode=0,  # (its steps are proposals and catch-up chunks, not compiled)
     )
     if runner.recurrent:
         raise ValueError(

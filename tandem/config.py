@@ -37,9 +37,10 @@ class EngineConfig:
     kv_inplace_writes: bool | None = None
     # Steady decode steps (single-token rows only) of at most this many rows replay an
     # mx.compile trace of the model instead of building its graph in Python
-    # (runner/static_decode.py; 0: off, True: any number; None: 8 on a GPU, off on the CPU);
-    # full-attention models on float pages with one KV buffer set. On the H200 a step of 1-8
-    # rows took 1.3-1.8x less time compiled; at 16 and 64 rows the compiled run was slower.
+    # (runner/static_decode.py; 0: off, True: any number; None: 8 where KV writes are in
+    # place, i.e. CUDA, else off); full-attention models on float pages with one KV buffer
+    # set. On the H200 (overlap on, one run) a step of 1-8 rows took 1.3-1.8x less time
+    # compiled; at 16 and 64 rows a compiled offline run was slower.
     compile_decode: int | None = None
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).

@@ -82,14 +82,12 @@ class ModelRunner:
         compile_decode: int | None = 0,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
-        flight reads (runner/paged.py). None picks it where it was measured to pay: with
-        overlap on the CPU backend (whole-buffer copies otherwise); on the H200 one set.
+        flight reads (runner/paged.py); None: with overlap on the CPU backend (measured).
         ``kv_quant``: KV pages quantized to that many bits (runner/kv_quant.py).
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
-        None: where the kernels exist and pass their check, i.e. on CUDA, with one set).
-        ``compile_decode``: steady decode steps of at most that many rows through
-        ``mx.compile`` where the model allows (runner/static_decode.py; 0: none; None:
-        ``GPU_ROWS`` on a GPU, none on the CPU)."""
+        None: where the kernels exist and pass their check: CUDA, one set). ``compile_decode``:
+        decode steps of at most that many rows through ``mx.compile`` where the model allows
+        (runner/static_decode.py; None: ``GPU_ROWS`` with in-place writes, else none)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
@@ -107,14 +105,12 @@ class ModelRunner:
         self.state_pool: StatePool | None = None
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
-        # (A recurrent step is several calls; the double buffer replays one write a layer.)
-        double_buffer = double_buffer and not self.state_specs
+        double_buffer = double_buffer and not self.state_specs  # (replays 1 write a layer)
         self.decode_kernel = decode_kernel  # None: decided with the pool (the CPU gathers)
         self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
-        if compile_decode is None:
-            compile_decode = 0 if mx.default_device() == mx.cpu else GPU_ROWS
-        self.compile_decode = 1 << 30 if compile_decode is True else int(compile_decode)
+        rows = 1 << 30 if compile_decode is True else compile_decode  # (None: allocate_kv)
+        self.compile_decode = None if rows is None else int(rows)
         self.static: StaticDecode | None = None
         self.kv_quant = kv_quant
         self.pool: PagePool | None = None
@@ -209,8 +205,11 @@ class ModelRunner:
                 self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool
                 verify.against_mlx_lm(self, self.model_type)
+            if self.compile_decode is None:  # measured with in-place writes only
+                self.compile_decode = GPU_ROWS if self.pool.inplace else 0
             if self.compile_decode and StaticDecode.eligible(self):
                 self.static = StaticDecode(self)
+                log.info("compiled decode steps of up to %d rows", self.compile_decode)
 
     def _inplace(self) -> bool:
         if self.inplace_writes is False or self.double_buffer:
@@ -229,8 +228,9 @@ class ModelRunner:
             self.pool.sets = []
             if self.state_pool is not None:
                 self.state_pool.bufs = []
-            if self.static is not None:  # its traces hold the old buffers as constants
-                self.static.reset()
+            if self.static is not None:  # (a failure at evaluation would recur each replay)
+                log.warning("compiled decode steps off after a failed step")
+                self.static = None
             self.pool.reset()
             if self.state_pool is not None:
                 self.state_pool.reset()

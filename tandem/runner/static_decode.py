@@ -20,7 +20,8 @@ trace, written by kernels and never replaced; the step takes the layers' last wr
 and returns the new ones (the chain of ``runner.paged``);
 otherwise (the CPU, scatters) they are inputs and the step returns the new buffers, which
 replace them. Either way the pool is the one after the step, as the uncompiled path leaves it.
-``reset`` (a recreated pool) drops the traces.
+A failed step turns compiled steps off (``ModelRunner.reset``): a trace that fails when it is
+evaluated would fail again at every replay, and the recreated pool is not its constants.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from tandem.runner.step_context import AttnView
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
-# Rows compiled by default on a GPU: on the H200 (Qwen3-8B shape, bf16) a step of 1, 2, 4 and
-# 8 rows took 1.43, 1.34, 1.60 and 1.82x less time compiled; at 16 and 64 rows a compiled
-# offline run was 0.92x the uncompiled one.
+# Rows compiled by default where KV writes are in place (CUDA): on the H200 (Qwen3-8B shape,
+# bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
+# time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
 GPU_ROWS = 8
 
 
@@ -118,10 +119,6 @@ class StaticDecode:
             and runner.kv_quant is None
             and all(not (s.dense or s.unused) and s.window is None for s in runner.specs)
         )
-
-    def reset(self) -> None:
-        self._fn = None
-        self._shapes.clear()
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
         if len(segments) > self.runner.compile_decode:
