@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
 
 
+def slots(values: list[int]) -> mx.array:
+    """State slot indices as an array."""
+    return mx.array(values, dtype=mx.int32)
+
+
 def _source(seg: Segment) -> int:
     """The slot a segment's state is read from: a prefix hit's snapshot or a rolled-back
     verify's backup, else its own."""
@@ -29,9 +34,9 @@ def _source(seg: Segment) -> int:
 
 def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
     """A model with recurrent layers: one call on the step's single-token segments (each
-    row its request's state; one more for those starting at 0) and one per prefill chunk
-    as a (1, n) sequence, so the recurrence runs along the chunk (cut where a snapshot of
-    the state is kept); the head rows' logits back in ``head`` order."""
+    row its request's state; one more for those starting at 0), one per group of equally
+    long multi-token segments (``_batches``) and one per piece of a segment cut where a
+    snapshot of the state is kept; the head rows' logits back in ``head`` order."""
     sp = runner.state_pool
     assert sp is not None
     starts, t = [], 0
@@ -41,9 +46,6 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
     where = {h: i for i, h in enumerate(head)}
     outs: list[mx.array] = []
     order: list[int] = []  # head index of each output row, in output order
-
-    def slots(values: list[int]) -> mx.array:
-        return mx.array(values, dtype=mx.int32)
 
     # Single-token segments in one call; those that start a sequence in another that
     # reads no state (a model may treat an empty cache unlike a zero state). The first
@@ -173,9 +175,6 @@ def _batched(
     segs = [segments[i] for i in group]
     n = segs[0].num_tokens
     assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
-
-    def slots(values: list[int]) -> mx.array:
-        return mx.array(values, dtype=mx.int32)
 
     write = slots([seg.state_slot for seg in segs])
     read = None if segs[0].start == 0 else slots([_source(seg) for seg in segs])
