@@ -7,7 +7,6 @@ mid-chunk (runner/state.py holds the states)."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -104,60 +103,36 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
             sp.resident = (rows_slots, keep)
     multi = [i for i, seg in enumerate(plan.segments) if seg.num_tokens > 1]
     for group in _batches(runner, plan.segments, multi):
-        if len(group) > 1:
-            outs.append(_batched(runner, plan.segments, group, inputs, starts, where, order))
-            continue
-        i = group[0]
-        seg = plan.segments[i]
-        assert seg.state_slot >= 0, "a recurrent row without a slot"
-        write = slots([seg.state_slot])
-        snaps = dict(seg.snapshots)
-        cuts = [seg.start, *(pos for pos in snaps if pos < seg.end), seg.end]
-        for a, b in itertools.pairwise(cuts):
-            t0 = starts[i] + a - seg.start
-            piece = replace(
-                seg,
-                start=a,
-                num_tokens=b - a,
-                token_ids=seg.token_ids[a - seg.start : b - seg.start],
-            )
-            rows = [k for k in range(b - a) if t0 + k in where]
-            order += [where[t0 + k] for k in rows]
-            read = None if a == 0 else slots([_source(seg) if a == seg.start else seg.state_slot])
-            copy = (slots([0]), slots([snaps[b]])) if b in snaps else None
-            # A verify keeps the state it starts from (a rejected proposal replays from it).
-            backup = slots([seg.state_backup]) if a == seg.start and seg.state_backup >= 0 else None
-            assert backup is None or read is not None
-            states = [
-                StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))
-            ]
-            x = inputs[t0 : t0 + b - a][None]
-            outs.append(runner.call(runner.context([piece], sequence=True), x, rows, states))
+        outs += _sequences(runner, plan.segments, group, inputs, starts, where, order)
     logits = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
     if order != list(range(len(order))):
         logits = logits[mx.array(np.argsort(np.asarray(order)).astype(np.int32))]
     return logits
 
 
+def _cuts(seg: Segment) -> tuple[int, ...]:
+    """Where a segment's calls end, relative to its start: at each snapshot it keeps before
+    its end (the state there is copied out between two calls), and at its end."""
+    inside = sorted(pos - seg.start for pos, _ in seg.snapshots if pos < seg.end)
+    assert all(cut > 0 for cut in inside), "a snapshot at a segment's start"
+    return (*inside, seg.num_tokens)
+
+
 def _batches(runner: ModelRunner, segments: tuple[Segment, ...], multi: list[int]) -> list:
-    """The multi-token segments in groups of one model call each: equally long ones that
-    start alike (at 0 or not), with or without a backup alike and no snapshot before their
-    end together (where the runner's load check passed the batched layout); the rest alone."""
+    """The multi-token segments in groups that share their model calls: equally long ones
+    that start alike (at 0 or not), with or without a backup alike, cut at the same offsets
+    (where the runner's load check passed the batched layout; else each alone)."""
     if not runner.batch_sequences:
         return [[i] for i in multi]
     groups: dict[tuple, list[int]] = {}
-    alone: list[list[int]] = []
     for i in multi:
         seg = segments[i]
-        if any(pos < seg.end for pos, _ in seg.snapshots):
-            alone.append([i])
-            continue
-        key = (seg.num_tokens, seg.start == 0, seg.state_backup >= 0)
+        key = (seg.start == 0, seg.state_backup >= 0, _cuts(seg))
         groups.setdefault(key, []).append(i)
-    return [*groups.values(), *alone]
+    return list(groups.values())
 
 
-def _batched(
+def _sequences(
     runner: ModelRunner,
     segments: tuple[Segment, ...],
     group: list[int],
@@ -165,30 +140,52 @@ def _batched(
     starts: list[int],
     where: dict[int, int],
     order: list[int],
-) -> mx.array:
-    """One (B, n) call on ``group``'s equally long segments, each row a sequence reading its
-    state (none where they start at 0), a verify's copied to its backup slot first, a
-    snapshot at its end copied from its row; appends the head indices of the rows whose
-    logits it returns to ``order``."""
+) -> list[mx.array]:
+    """``group``'s equally long segments as a (B, n) batch of sequences, one call per piece
+    between their cuts: each row reads its state (none where they start at 0; a verify's
+    copied to its backup slot first), then its own slot; a snapshot at a cut is copied from
+    its row. Appends the head indices of the rows whose logits it returns to ``order``."""
     sp = runner.state_pool
     assert sp is not None
     segs = [segments[i] for i in group]
-    n = segs[0].num_tokens
     assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
-
     write = slots([seg.state_slot for seg in segs])
-    read = None if segs[0].start == 0 else slots([_source(seg) for seg in segs])
-    copies = [(b, slot) for b, seg in enumerate(segs) for _, slot in seg.snapshots]
-    copy = (slots([b for b, _ in copies]), slots([s for _, s in copies])) if copies else None
-    backup = slots([seg.state_backup for seg in segs]) if segs[0].state_backup >= 0 else None
-    assert backup is None or read is not None
-    states = [StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))]
-    rows: list[int] = []
-    for b, i in enumerate(group):
-        for k in range(n):
-            if starts[i] + k in where:
-                rows.append(b * n + k)
-                order.append(where[starts[i] + k])
-    tokens = mx.array([starts[i] + k for i in group for k in range(n)], dtype=mx.int32)
-    x = inputs[tokens].reshape(len(group), n)
-    return runner.call(runner.context(segs, sequence=True), x, rows, states)
+    snaps = [dict(seg.snapshots) for seg in segs]
+    outs = []
+    a = 0
+    for b in _cuts(segs[0]):
+        if a == 0:
+            read = None if segs[0].start == 0 else slots([_source(seg) for seg in segs])
+        else:
+            read = write
+        copies = [
+            (r, snap[seg.start + b])
+            for r, (seg, snap) in enumerate(zip(segs, snaps, strict=True))
+            if seg.start + b in snap
+        ]
+        copy = (slots([r for r, _ in copies]), slots([s for _, s in copies])) if copies else None
+        # A verify keeps the state it starts from (a rejected proposal replays from it).
+        backup = None
+        if a == 0 and segs[0].state_backup >= 0:
+            backup = slots([seg.state_backup for seg in segs])
+        assert backup is None or read is not None
+        states = [StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))]
+        n = b - a
+        rows: list[int] = []
+        for r, i in enumerate(group):
+            for k in range(a, b):
+                if starts[i] + k in where:
+                    rows.append(r * n + k - a)
+                    order.append(where[starts[i] + k])
+        if len(group) == 1:
+            x = inputs[starts[group[0]] + a : starts[group[0]] + b][None]
+        else:
+            tokens = [starts[i] + k for i in group for k in range(a, b)]
+            x = inputs[mx.array(tokens, dtype=mx.int32)].reshape(len(group), n)
+        pieces = [
+            replace(seg, start=seg.start + a, num_tokens=n, token_ids=seg.token_ids[a:b])
+            for seg in segs
+        ]
+        outs.append(runner.call(runner.context(pieces, sequence=True), x, rows, states))
+        a = b
+    return outs

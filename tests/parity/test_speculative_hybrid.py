@@ -122,18 +122,19 @@ def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny
 
 
 def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
-    """Each batched call's (rows, tokens per row, whether its rows keep backups)."""
+    """Each group of multi-token segments that shares its calls: (rows, tokens per row,
+    whether its rows keep backups)."""
     from tandem.runner import recurrent_step
 
     calls: list[tuple[int, int, bool]] = []
-    batched = recurrent_step._batched
+    sequences = recurrent_step._sequences
 
     def counting(runner, segments, group, *args):
         first = segments[group[0]]
         calls.append((len(group), first.num_tokens, first.state_backup >= 0))
-        return batched(runner, segments, group, *args)
+        return sequences(runner, segments, group, *args)
 
-    monkeypatch.setattr(recurrent_step, "_batched", counting)
+    monkeypatch.setattr(recurrent_step, "_sequences", counting)
     return calls
 
 
@@ -157,19 +158,21 @@ def test_verifies_of_one_length_run_as_one_call(family_model_dir, monkeypatch, m
 
 @pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "falcon_h1"])
 def test_prompts_of_one_length_prefill_as_one_call(family_model_dir, monkeypatch, model_type):
-    """Without the prefix cache (no snapshot mid-prompt), prompts of one length starting
-    together are one (B, n) call reading no state; chunked under a smaller budget, the
-    prompts the budget takes whole still share one."""
+    """Prompts of one length starting together share their calls, reading no state: one
+    (B, n) call without the prefix cache; with it, two, cut where each row's state is kept
+    for the cache (position 8, its last page boundary) and copied out between them; chunked
+    under a smaller budget, the prompts the budget takes whole still share theirs."""
     calls = _spy(monkeypatch)
     path = family_model_dir(model_type)
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 500) for _ in range(11)] for _ in range(4)]
-    for chunk in (2048, 24):  # whole prompts; chunks of 11 + 11 + 2 (the last alone)
+    # Whole prompts, then chunks of 11 + 11 + 2 (the last alone); with and without snapshots.
+    for chunk, cache in ((2048, False), (24, False), (2048, True)):
         llm = LLM(
             str(path),
             check_invariants=True,
             kv_page_size=4,
-            prefix_cache=False,
+            prefix_cache=cache,
             max_num_batched_tokens=chunk,
         )
         calls.clear()
@@ -186,10 +189,14 @@ def test_a_model_failing_the_batched_check_runs_its_segments_alone(
     each multi-token segment a call of its own, and speculates one request at a time."""
     from tandem.runner import recurrent_step
 
-    def wrong(runner, segments, group, *args):
-        raise ValueError("a layout this model does not take")
+    sequences = recurrent_step._sequences
 
-    monkeypatch.setattr(recurrent_step, "_batched", wrong)
+    def wrong(runner, segments, group, *args):
+        if len(group) > 1:
+            raise ValueError("a layout this model does not take")
+        return sequences(runner, segments, group, *args)
+
+    monkeypatch.setattr(recurrent_step, "_sequences", wrong)
     path = family_model_dir("qwen3_next")
     llm = LLM(str(path), check_invariants=True, kv_page_size=4, speculative="ngram")
     assert not llm.engine.loop.runner.batch_sequences
