@@ -1,9 +1,8 @@
 """A step of a model with recurrent layers: one model call on the step's single-token
-segments (each row its request's state; one more for rows starting a sequence); one
-``(B, n)`` call per group of equally long multi-token segments (speculative verifies of K + 1
-tokens, prompt chunks of one length), each row a sequence its recurrence runs along; and one
-``(1, n)`` call per piece of a prefill chunk cut where a snapshot of the state is kept
-mid-chunk (runner/state.py holds the states)."""
+segments (each row its request's state; one more for rows starting a sequence), and for the
+multi-token segments (prefill chunks, speculative verifies, replays) one ``(B, n)`` call per
+piece of each group of them cut alike (equally long, cut where a snapshot of the state is
+kept), each row a sequence its recurrence runs along (runner/state.py holds the states)."""
 
 from __future__ import annotations
 
@@ -113,7 +112,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
 def _cuts(seg: Segment) -> tuple[int, ...]:
     """Where a segment's calls end, relative to its start: at each snapshot it keeps before
     its end (the state there is copied out between two calls), and at its end."""
-    inside = sorted(pos - seg.start for pos, _ in seg.snapshots if pos < seg.end)
+    inside = sorted({pos - seg.start for pos, _ in seg.snapshots if pos < seg.end})
     assert all(cut > 0 for cut in inside), "a snapshot at a segment's start"
     return (*inside, seg.num_tokens)
 

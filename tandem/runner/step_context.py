@@ -8,9 +8,9 @@ starting at 0, attends to its fresh keys. A sliding-window layer reads only the 
 positions of each segment, so its cost is bounded by the window; the per-window layouts are
 built on first use and shared by every layer of that window. A dense layer (``layers``) gets
 each token's own history, gathered and padded, with the mask of its real positions. A model
-with recurrent layers is called once on its decodes and once per multi-token segment (or per
-group of equally long ones), each segment a sequence of a (B, n) batch (``sequence``), so its
-recurrence runs along the segment.
+with recurrent layers is called once on its decodes and once per piece of each group of
+multi-token segments cut alike, each segment a sequence of a (B, n) batch (``sequence``), so
+its recurrence runs along the segment.
 """
 
 from __future__ import annotations

@@ -175,11 +175,23 @@ def test_prompts_of_one_length_prefill_as_one_call(family_model_dir, monkeypatch
             prefix_cache=cache,
             max_num_batched_tokens=chunk,
         )
+        runner = llm.engine.loop.runner
+        shapes, call = [], runner.call
+
+        def recording(ctx, inputs, *args, call=call, shapes=shapes):
+            shapes.append(tuple(inputs.shape) if ctx.sequence else None)
+            return call(ctx, inputs, *args)
+
+        runner.call = recording
         calls.clear()
         outs = llm.generate(prompts, greedy(12))
         for p, o in zip(prompts, outs, strict=True):
             assert o.token_ids == reference(path, p, 12)
         assert (4, 11, False) in calls if chunk == 2048 else (2, 11, False) in calls
+        if cache:  # cut at 8, where each row's state is kept for the cache
+            assert (4, 8) in shapes and (4, 3) in shapes
+        elif chunk == 2048:
+            assert (4, 11) in shapes
 
 
 def test_a_model_failing_the_batched_check_runs_its_segments_alone(
