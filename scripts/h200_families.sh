@@ -11,6 +11,8 @@
 #
 # PART=offline: `tandem bench offline` (B = 1, 16, 64; Tandem vs mlx-lm's generate_step and
 #   batch_generate in one process) for each of SHAPES.
+# PART=hybrid: the batched (B, n) calls of hybrids: bf16 load check, equal prompts' prefill,
+#   speculation at 4 streams (oracle proposals right with P = 1 and 0.5).
 # PART=serve: `tandem bench compare` vs mlx_lm.server for SERVE_SHAPE: random 256 in / 128
 #   out at 1, 16, 64 streams, then multi-turn conversations (4 turns, TTFT and cached share
 #   per turn).
@@ -28,6 +30,21 @@ if [[ $PART == offline ]]; then
     timeout 360 "$PY" -m tandem.cli bench offline --shape "$shape" --dtype bfloat16 \
       --batch-sizes 16,64 --input-len 256 --output-len 128 --single-tokens 128 \
       --repeats "${REPEATS:-2}" --overlap-batch 0 --json "$OUT/offline-$shape.json" 2>&1 | tail -8
+  done
+fi
+if [[ $PART == hybrid ]]; then
+  # Segments of one length sharing (B, n) calls (runner/recurrent_step.py): the load check's
+  # verdict in bf16, equal prompts' prefill shared vs one call each, speculation at 4 streams.
+  m=/tmp/hyb; "$PY" -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3.5-2b', 'bfloat16', Path('$m'))" >/dev/null 2>&1
+  timeout 120 "$PY" -c "
+from tandem import LLM
+r = LLM('$m/qwen3.5-2b', dtype='bfloat16', max_num_seqs=16).engine.loop.runner
+print('batch_sequences', r.batch_sequences, 'own_recurrence', r.own_recurrence)" 2>&1 | tail -3
+  timeout 150 "$PY" scripts/hybrid_prefill_bench.py "$m/qwen3.5-2b" 16 256 2 2>&1 | tail -3
+  for P in 1 0.5; do
+    timeout 150 "$PY" -m tandem.cli bench speculative --model "$m/qwen3.5-2b" --workloads random \
+      --streams 4 --num-tokens 4 --prompt-tokens 256 --max-tokens 64 --repeats 1 \
+      --dtype bfloat16 --oracle $P --json "$OUT/hybrid-spec-oracle$P.json" 2>&1 | grep "^|"
   done
 fi
 if [[ $PART == serve ]]; then
