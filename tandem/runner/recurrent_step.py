@@ -32,9 +32,9 @@ def _source(seg: Segment) -> int:
 
 def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
     """A model with recurrent layers: one call on the step's single-token segments (each
-    row its request's state; one more for those starting at 0), one per group of equally
-    long multi-token segments (``_batches``) and one per piece of a segment cut where a
-    snapshot of the state is kept; the head rows' logits back in ``head`` order."""
+    row its request's state; one more for those starting at 0) and one per piece of each
+    group of multi-token segments cut alike (``_batches``, ``_sequences``); the head rows'
+    logits back in ``head`` order."""
     sp = runner.state_pool
     assert sp is not None
     starts, t = [], 0

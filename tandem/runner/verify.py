@@ -69,31 +69,32 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     # Qwen3.5-2B shape in bfloat16 on the H200, its gated delta kernel off, read 0.21 of the
     # spread over all of them against 0.2).
     every = dtype in TOLERANCE
-    try:
-        diff, spread = _compare(runner, every)
-        if runner.state_specs and runner.batch_sequences and not diff <= tol * spread:
-            raise ValueError(f"log-probabilities differ by up to {diff:.3g}")
-    except Exception as e:  # noqa: BLE001 - any failure here means the model is not served
-        error = e
-        if runner.state_specs and runner.batch_sequences:
-            runner.batch_sequences = False  # what if only the (B, n) layout was wrong
-            try:
-                diff, spread = _compare(runner, every)
-                error = None
-                if diff <= tol * spread:
-                    log.warning(
-                        "model type %r: multi-token segments run one call each (batched "
-                        "in one call they disagreed with mlx-lm: %s)",
-                        model_type,
-                        e,
-                    )
-            except Exception as again:  # noqa: BLE001
-                error = again
-        if error is not None:
-            raise ValueError(
-                f"model type {model_type!r} does not run on Tandem's paged caches: "
-                f"{type(error).__name__}: {error}"
-            ) from error
+
+    def attempt() -> tuple[float, float, Exception | None]:
+        try:
+            return (*_compare(runner, every), None)
+        except Exception as e:  # noqa: BLE001 - any failure here means the model is not served
+            return 0.0, 1.0, e
+
+    diff, spread, error = attempt()
+    failed = error is not None or not diff <= tol * spread
+    if failed and runner.state_specs and runner.batch_sequences:
+        # What if only the (B, n) layout was wrong: each multi-token segment alone.
+        first = error or f"log-probabilities differ by up to {diff:.3g}"
+        runner.batch_sequences = False
+        diff, spread, error = attempt()
+        if error is None and diff <= tol * spread:
+            log.warning(
+                "model type %r: multi-token segments run one call each (batched in one "
+                "call they disagreed with mlx-lm: %s)",
+                model_type,
+                first,
+            )
+    if error is not None:
+        raise ValueError(
+            f"model type {model_type!r} does not run on Tandem's paged caches: "
+            f"{type(error).__name__}: {error}"
+        ) from error
     if not diff <= tol * spread:
         raise ValueError(
             f"model type {model_type!r}: Tandem's paged caches disagree with mlx-lm's "
