@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tandem.config import EngineConfig
 from tandem.engine.engine import Engine
@@ -14,6 +15,9 @@ from tandem.engine.scheduler import SchedulerConfig
 from tandem.engine.speculation import SpecConfig
 from tandem.frontend.tokenizer import Tokenizer
 from tandem.model_source import resolve_model
+
+if TYPE_CHECKING:
+    from tandem.runner.model_runner import ModelRunner
 
 log = logging.getLogger("tandem")
 
@@ -58,7 +62,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
-    speculation = _speculation(config, runner.recurrent)
+    speculation = _speculation(config, runner)
     draft = _draft_runner(config, tokenizer, max_model_len) if config.draft_model else None
     # The draft's pool has as many pages as the target's (engine/drafting.py).
     per_token = runner.bytes_per_token + (draft.bytes_per_token if draft else 0)
@@ -83,9 +87,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     if state_slots and speculation.enabled:
         # Each verify keeps the state it starts from in a snapshot slot, to replay from when
         # a proposal is rejected (engine/results.py): at most max_batch verifies at once,
-        # and as many rolled-back requests until their replays launch. Shared with the
-        # prefix cache's snapshots (none without it).
-        backups = 2 * speculation.max_batch
+        # and as many rolled-back requests until their replays launch; or, kept per
+        # position, K states of each verify and one its request resumes from. Shared with
+        # the prefix cache's snapshots (none without it).
+        per_verify = speculation.num_tokens if speculation.per_position else 1
+        backups = (per_verify + 1) * speculation.max_batch
     seqs = config.max_num_seqs * (2 if cached else 1)
     page = config.kv_page_size
     step_tokens = _step_tokens(runner, config, max_model_len, page)
@@ -132,8 +138,8 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         window_pages = wbytes = 0
         num_pages = full_pages(0)
     runner.allocate_kv(num_pages, page, states, window_pages)
-    if not runner.batch_sequences:  # the load check turned batched verifies off
-        speculation = _speculation(config, runner.recurrent, batched=False)
+    # (The load check may have turned batched verifies or per-position states off.)
+    speculation = _speculation(config, runner)
     proposer = None
     if draft is not None:
         from tandem.runner.draft import DraftModel
@@ -303,7 +309,7 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
     return runner
 
 
-def _speculation(config: EngineConfig, recurrent: bool, batched: bool = True) -> SpecConfig:
+def _speculation(config: EngineConfig, runner: ModelRunner) -> SpecConfig:
     if config.speculative is None:
         return SpecConfig()
     max_batch = config.speculative_max_batch
@@ -312,9 +318,10 @@ def _speculation(config: EngineConfig, recurrent: bool, batched: bool = True) ->
         # the load check found that layout wrong (``batch_sequences``), each speculating
         # request is a call of its own, which costs more than it gives beside other
         # decodes (docs/benchmarks.md).
-        max_batch = 1 if recurrent and not batched else 8
+        max_batch = 1 if runner.recurrent and not runner.batch_sequences else 8
     return SpecConfig(
         num_tokens=config.num_speculative_tokens,
         max_batch=max_batch,
         draft=config.speculative == "draft",
+        per_position=runner.recurrent and runner.state_positions,
     )

@@ -44,16 +44,18 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
     if kv.states is not None:
         holders = kv.tree.snapshot_refs() if kv.snapshots is not None else {}
         for req in sched.running.values():
-            for slot in (req.state_src, req.checkpoint, req.spec_backup):
+            for slot in (req.state_src, req.checkpoint, req.spec_backup, *req.spec_positions):
                 if slot >= 0:
                     holders[slot] = holders.get(slot, 0) + 1
             assert req.checkpoint >= 0 or req.checkpoint_pos == 0 or req.finished
             assert req.spec_backup < 0 or req.spec_inflight, "a backup with no verify"
+            assert not req.spec_positions or req.spec_inflight, "position states, no verify"
         kv.states.check(holders)
         for req in sched.waiting:
             assert req.state_src == req.checkpoint == req.spec_backup == -1, (
                 "a waiting request holds a snapshot"
             )
+            assert not req.spec_positions, "a waiting request holds a snapshot"
 
     waiting_ids = [r.request_id for r in sched.waiting]
     assert len(set(waiting_ids)) == len(waiting_ids), "a request waits twice"

@@ -50,6 +50,10 @@ class Segment:
     # A verify segment of a model with recurrent layers: the snapshot slot that keeps the
     # state it starts from (a rejected proposal is rolled back by replaying from there).
     state_backup: int = -1
+    # Or, where the runner keeps the state after each position (runner/positions.py): the
+    # slots that get the states after its positions start .. end - 2 (then a rejected
+    # proposal resumes from one; the state after the last is the request's own slot).
+    state_positions: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:

@@ -66,8 +66,10 @@ class Request:
     spec: Any | None = None
     spec_inflight: bool = False
     # Recurrent layers: the snapshot slot holding the state before the verify in flight,
-    # and whether the request is replaying a rolled-back verify's tokens (engine/results.py).
+    # and whether the request is replaying a rolled-back verify's tokens (engine/results.py);
+    # or, where the runner keeps a verify's states per position, the slots that hold them.
     spec_backup: int = -1
+    spec_positions: tuple[int, ...] = ()
     replaying: bool = False
 
     @property

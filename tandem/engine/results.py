@@ -156,7 +156,19 @@ def _roll_back(sched: Scheduler, req: Request, seg: Segment, emitted: int) -> No
     token it fed. Where all were accepted that is the request's state; otherwise it resumes
     from the state before the verify (its backup) by replaying the accepted tokens as a
     prefill chunk that samples the next one. Their KV is written again, with the values it
-    has."""
+    has. Where the verify kept its states per position, the request resumes from the one
+    after its last accepted token instead, and needs no replay."""
+    if seg.state_positions:
+        assert req.spec_positions == seg.state_positions
+        req.spec_positions = ()
+        resume = -1
+        if not req.finished and emitted < seg.num_tokens:
+            assert req.state_src < 0 and emitted > 0
+            resume = req.state_src = seg.state_positions[emitted - 1]
+        for slot in seg.state_positions:
+            if slot != resume:
+                sched.kv.drop_snapshot(slot)
+        return
     if seg.state_backup < 0:
         return
     assert req.spec_backup == seg.state_backup

@@ -239,6 +239,9 @@ class Scheduler:
             if n == 1 and req.spec_backup >= 0:  # its draft came back empty
                 kv.drop_snapshot(req.spec_backup)
                 req.spec_backup = -1
+            for slot in req.spec_positions[n - 1 :]:  # (or shorter)
+                kv.drop_snapshot(slot)
+            req.spec_positions = req.spec_positions[: n - 1]
             tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
             segments.append(
                 Segment(
@@ -258,6 +261,7 @@ class Scheduler:
                         self.kv, self.running.values(), req, pos + 1
                     ),
                     state_backup=req.spec_backup,
+                    state_positions=req.spec_positions,
                 )
             )
             sampled += [req] * n
@@ -425,7 +429,10 @@ class Scheduler:
         self.kv.drop_snapshot(req.state_src)
         self.kv.drop_snapshot(req.checkpoint)
         self.kv.drop_snapshot(req.spec_backup)
+        for slot in req.spec_positions:
+            self.kv.drop_snapshot(slot)
         req.state_src = req.checkpoint = req.spec_backup = -1
+        req.spec_positions = ()
         req.replaying = False
         req.checkpoint_pos = 0
         req.snap_targets.clear()

@@ -63,6 +63,9 @@ class SpecConfig:
     backoff: int = 16  # plain tokens after the first back-off (doubles each time)
     # Proposals from a draft model (engine/drafting.py) instead of the n-gram index.
     draft: bool = False
+    # A model with recurrent layers whose verifies keep the state after each position
+    # (runner/positions.py): a rejected proposal resumes from one, instead of replaying.
+    per_position: bool = False
     # Engine-wide memory: while the recent verifies of all requests accepted less than this
     # share of their proposals, a new request starts backed off (``cold_backoff`` tokens),
     # so a workload the proposer cannot predict pays for a probe now and then, not for
@@ -318,13 +321,24 @@ def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
 
 def back_up(sched: Scheduler, proposals: dict[str, list[int]]) -> dict[str, list[int]]:
     """A model with recurrent layers: each verify first copies the state it starts from to a
-    snapshot slot, from which a rejected proposal is replayed (results.py). A request that
-    gets no slot decodes plainly this step."""
+    snapshot slot, from which a rejected proposal is replayed (results.py), or, where the
+    runner keeps them per position, the states after each of its positions but the last to
+    one slot each (as many proposals as it got slots). A request that gets no slot decodes
+    plainly this step."""
     kept: dict[str, list[int]] = {}
+    per_position = sched.config.speculation.per_position
     for rid, proposal in proposals.items():
         req = sched.running[rid]
-        assert req.spec_backup < 0
-        if proposal:
+        assert req.spec_backup < 0 and not req.spec_positions
+        if proposal and per_position:
+            got: list[int] = []
+            while len(got) < len(proposal) and (slot := sched.kv.new_snapshot()) >= 0:
+                got.append(slot)
+            if not got:
+                continue
+            req.spec_positions = tuple(got)
+            proposal = proposal[: len(got)]
+        elif proposal:
             req.spec_backup = sched.kv.new_snapshot()
             if req.spec_backup < 0:
                 continue

@@ -10,11 +10,13 @@ chunk's tokens in order: decay, read out k, the delta update, read out q, with t
 reductions per token. State stays float32 as in mlx-lm.
 
 ``install(model)`` puts ``update`` at the ``gated_delta_update`` seam of every mlx-lm module
-the model's layers come from, on the CUDA backend only and only after the kernel matched
-mlx-lm's ops on a random case (scalar and per-key gating). It is used only inside Tandem's
-own model calls (``active()``): mlx-lm's code in the same process (a benchmark's baseline)
-keeps its own path, and so does anything the kernel does not handle (a padding mask, key
-dims not a multiple of 32). ``TANDEM_GATED_DELTA_KERNEL=0`` turns it off.
+the model's layers come from. The kernel runs on the CUDA backend only, and only after it
+matched mlx-lm's ops on a random case (scalar and per-key gating). It is used only inside
+Tandem's own model calls (``active()``): mlx-lm's code in the same process (a benchmark's
+baseline) keeps its own path, and so does anything the kernel does not handle (a padding mask,
+key dims not a multiple of 32). ``TANDEM_GATED_DELTA_KERNEL=0`` turns it off. Where a call
+captures each position's state (a speculative verify, runner/positions.py), the recurrence
+runs position by position, on the kernel or mlx-lm's own path, and hands over every state.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta as mlx_gd
+
+from tandem.runner import positions
 
 log = logging.getLogger("tandem")
 
@@ -78,6 +82,7 @@ _checked: dict[str, bool] = {}
 # module-level function mlx-lm's layers call with fixed arguments, so whose call it is cannot
 # travel with them; a benchmark's mlx-lm baseline in the same process calls it outside.
 _active = [False]
+_kernel_on = [False]  # the kernel passed its check (install)
 
 
 @contextlib.contextmanager
@@ -144,14 +149,19 @@ def update(
     lower_bound: float | None = None,
     allow_neg_eigval: bool = False,
 ) -> tuple[mx.array, mx.array]:
-    """mlx-lm's ``gated_delta_update`` with the recurrence on the CUDA kernel."""
-    if (
-        not _active[0]
-        or mask is not None
-        or not use_kernel
-        or q.shape[-1] % 32
-        or v.shape[-2] % k.shape[-2]
-    ):
+    """mlx-lm's ``gated_delta_update``, the recurrence on the CUDA kernel where installed,
+    and position by position where the call captures each position's state
+    (runner/positions.py)."""
+    capture = positions.current() if _active[0] and mask is None else None
+    kernel = (
+        _active[0]
+        and _kernel_on[0]
+        and mask is None
+        and use_kernel
+        and not q.shape[-1] % 32
+        and not v.shape[-2] % k.shape[-2]
+    )
+    if capture is None and not kernel:
         return mlx_gd.gated_delta_update(
             q,
             k,
@@ -177,7 +187,27 @@ def update(
         bsz, _, _, dk = q.shape
         hv, dv = v.shape[-2:]
         state = mx.zeros((bsz, hv, dv, dk), dtype=mx.float32)
-    return recurrence(q, k, v, g, beta, state)
+    if capture is None:
+        return recurrence(q, k, v, g, beta, state)
+    # Each position alone, as the recurrence would run it (mlx-lm's ops loop the same way).
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        x = (q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], g[:, t : t + 1], beta[:, t : t + 1])
+        if kernel:
+            y, state = recurrence(*x, state)
+        elif (
+            use_kernel
+            and mx.default_device() == mx.gpu
+            and mx.metal.is_available()
+            and (q.shape[-1] >= 32 and not q.shape[-1] % 32)
+        ):  # mlx-lm's own choice of its Metal kernel
+            y, state = mlx_gd.gated_delta_kernel(*x, state, None)
+        else:
+            y, state = mlx_gd.gated_delta_ops(*x, state, None)
+        ys.append(y)
+        states.append(state)
+    capture.states = mx.stack(states, axis=1)
+    return mx.concatenate(ys, axis=1), state
 
 
 def available() -> bool:
@@ -223,17 +253,21 @@ def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
 
 
 def install(model: nn.Module) -> bool:
-    """Route the model's gated delta recurrences through ``update`` (CUDA only); True when
-    installed (the load check then allows for the kernel's other summation order)."""
+    """Route the model's gated delta recurrences through ``update`` (which captures each
+    position's state where asked, runner/positions.py, and runs the CUDA kernel where it
+    passes its check); True when the kernel is used (the load check then allows for its
+    other summation order)."""
     names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
     modules = [
         sys.modules[n]
         for n in names
         if n in sys.modules and getattr(sys.modules[n], SEAM, None) is mlx_gd.gated_delta_update
     ]
-    if not modules or not available():
+    if not modules:
         return False
     for module in modules:
         module.__dict__[SEAM] = update
-    log.info("gated delta recurrence: Tandem's CUDA kernel")
-    return True
+    _kernel_on[0] = available()
+    if _kernel_on[0]:
+        log.info("gated delta recurrence: Tandem's CUDA kernel")
+    return _kernel_on[0]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,11 +26,13 @@ from tandem.runner import (
 from tandem.runner.draft import DraftModel
 from tandem.runner.kv_quant import KVQuant
 from tandem.runner.paged import PagePool, bytes_per_token, cache_class, quantizable
+from tandem.runner.positions import install as install_positions
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
     LogprobArrays,
     SamplingArrays,
     advance,
+    count_lazy_outputs,
     logprob_entries,
     logprobs_of,
     make_sampling_arrays,
@@ -101,6 +103,8 @@ class ModelRunner:
                 model, model_type, layout
             )
             self.selector = install_row_selection(model)
+        # A verify keeps its states per position (else a rejected proposal replays).
+        self.state_positions = install_positions(model, len(self.state_specs))
         self.mask_rank = 4
         self.state_pool: StatePool | None = None
         if double_buffer is None:
@@ -387,19 +391,9 @@ class ModelRunner:
             assert parent is not None
             return parent.sampling
         s = make_sampling_arrays(plan.sampling, self.vocab_size)
-        if s.counts is None:
-            return s
         # A lazily fed row's newest output is on the device only: count it there.
         lazy_rows = {seg.sample_row: i for i, seg in enumerate(plan.segments) if seg.lazy}
-        pen = [
-            (j, lazy_rows[p[0]]) for j, p in enumerate(plan.sampling.penalties) if p[0] in lazy_rows
-        ]
-        if not pen:
-            return s
-        idx = mx.array([j for j, _ in pen], dtype=mx.int32)
-        toks = inputs[mx.array([t for _, t in pen], dtype=mx.int32)]
-        one_hot = (mx.arange(self.vocab_size)[None] == toks[:, None]).astype(mx.float32)
-        return replace(s, counts=s.counts.at[idx].add(one_hot))
+        return count_lazy_outputs(s, plan.sampling, lazy_rows, inputs, self.vocab_size)
 
     def complete(self, handle: Handle, masks: np.ndarray) -> None:
         """Attach the sampling of a forward launched without its grammar masks."""

@@ -78,7 +78,9 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         resident = initial is not None and not fresh
         read = None if fresh or resident else slots([_source(seg) for seg in segs])
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
-        assert all(seg.state_backup < 0 for seg in segs), "a verify of one token"
+        assert all(seg.state_backup < 0 and not seg.state_positions for seg in segs), (
+            "a verify of one token"
+        )
         copies = [(k, slot) for k, seg in enumerate(segs) for _, slot in seg.snapshots]
         copy = (slots([k for k, _ in copies]), slots([s for _, s in copies])) if copies else None
         keep: list | None = None if fresh else [None] * len(sp.specs)
@@ -126,7 +128,7 @@ def _batches(runner: ModelRunner, segments: tuple[Segment, ...], multi: list[int
     groups: dict[tuple, list[int]] = {}
     for i in multi:
         seg = segments[i]
-        key = (seg.start == 0, seg.state_backup >= 0, _cuts(seg))
+        key = (seg.start == 0, seg.state_backup >= 0, bool(seg.state_positions), _cuts(seg))
         groups.setdefault(key, []).append(i)
     return list(groups.values())
 
@@ -168,7 +170,14 @@ def _sequences(
         if a == 0 and segs[0].state_backup >= 0:
             backup = slots([seg.state_backup for seg in segs])
         assert backup is None or read is not None
-        states = [StepState(sp, j, write, read, copy, backup=backup) for j in range(len(sp.specs))]
+        # A verify that keeps its states per position: those of this piece's positions.
+        keep = None
+        if segs[0].state_positions and a < len(segs[0].state_positions):
+            keep = mx.array([seg.state_positions[a:b] for seg in segs], dtype=mx.int32)
+        states = [
+            StepState(sp, j, write, read, copy, backup=backup, positions=keep)
+            for j in range(len(sp.specs))
+        ]
         n = b - a
         rows: list[int] = []
         for r, i in enumerate(group):

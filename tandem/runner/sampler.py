@@ -144,6 +144,26 @@ def make_sampling_arrays(s: RowSampling, vocab_size: int) -> SamplingArrays:
     )
 
 
+def count_lazy_outputs(
+    s: SamplingArrays,
+    rows: RowSampling,
+    lazy_rows: dict[int, int],
+    inputs: mx.array,
+    vocab_size: int,
+) -> SamplingArrays:
+    """Penalized rows fed lazily (``lazy_rows``: sample row -> input index): their newest
+    output is on the device only, so it is counted from the step's inputs there."""
+    if s.counts is None:
+        return s
+    pen = [(j, lazy_rows[p[0]]) for j, p in enumerate(rows.penalties) if p[0] in lazy_rows]
+    if not pen:
+        return s
+    idx = mx.array([j for j, _ in pen], dtype=mx.int32)
+    toks = inputs[mx.array([t for _, t in pen], dtype=mx.int32)]
+    one_hot = (mx.arange(vocab_size)[None] == toks[:, None]).astype(mx.float32)
+    return replace(s, counts=s.counts.at[idx].add(one_hot))
+
+
 def token_logprobs(
     logits: mx.array, s: SamplingArrays, tokens: mx.array
 ) -> tuple[mx.array, mx.array, mx.array] | None:

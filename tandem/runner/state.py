@@ -24,6 +24,7 @@ import gc
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from tandem.runner import positions as _positions
 from tandem.runner.layers import StateSpec
 
 
@@ -78,7 +79,9 @@ class StepState(ArraysCache):
     mlx-lm's empty cache), or given (``initial``: the pool's resident states of exactly these
     rows). ``write_back`` stores what the layer left in the cache to the rows' ``write``
     slots, or into ``keep`` (to become the resident states), and rows ``copies[0]`` also to
-    snapshot slots ``copies[1]``. ``backup``: slots that get a copy of the states read."""
+    snapshot slots ``copies[1]``. ``backup``: slots that get a copy of the states read.
+    ``positions``: (B, m) slots that get each row's states after the call's first m
+    positions (runner/positions.py; the layer's calls capture them while it runs)."""
 
     def __init__(
         self,
@@ -91,10 +94,13 @@ class StepState(ArraysCache):
         initial: list[mx.array | None] | None = None,
         keep: list[list[mx.array | None] | None] | None = None,
         backup: mx.array | None = None,
+        positions: mx.array | None = None,
     ) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
         self.pool, self.layer, self.write, self.copies, self.keep = pool, layer, write, copies, keep
+        self.positions = positions
+        self.capture = _positions.Capture() if positions is not None else None
         if initial is not None:
             self.cache = list(initial)
         elif read is not None:
@@ -105,7 +111,12 @@ class StepState(ArraysCache):
                 if backup is not None:
                     buf[backup] = self.cache[k]
 
+    def __getitem__(self, idx):
+        _positions.aim(self.capture)  # (a layer reads its cache before it runs)
+        return self.cache[idx]
+
     def write_back(self) -> None:
+        _positions.aim(None)
         bufs = self.pool.bufs[self.layer]
         kept: list[mx.array | None] = []
         for k, buf in enumerate(bufs):
@@ -120,5 +131,10 @@ class StepState(ArraysCache):
             if self.copies is not None:
                 rows, slots = self.copies
                 buf[slots] = new[rows]
+            if self.positions is not None:
+                assert self.capture is not None
+                b, m = self.positions.shape
+                per = self.capture.per_position(self.cache[k], m).astype(buf.dtype)
+                buf[self.positions.reshape(-1)] = per.reshape(b * m, *per.shape[2:])
         if self.keep is not None:
             self.keep[self.layer] = kept

@@ -9,7 +9,9 @@ scratch pools) — and the model is refused if their log-probabilities disagree.
 recurrent layers also keeps a snapshot of its state mid-chunk, and two more requests resume
 from it on the shared first page, as prefix-cache hits do, in one (2, n) call (the layout of
 batched verifies, runner/recurrent_step.py); where only that disagrees, the model is served
-with each multi-token segment a call of its own.
+with each multi-token segment a call of its own. Where a verify keeps its states per
+position (runner/positions.py), requests resumed from them must agree too, or the engine
+replays rejected proposals instead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from tandem.engine.plan import RowSampling, Segment, StepPlan
+from tandem.runner import positions
 from tandem.runner.paged import PagePool
 from tandem.runner.state import StatePool
 
@@ -102,6 +105,20 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
             "spread), so it is not served: its layers use their caches in a way Tandem "
             "does not support yet"
         )
+    if runner.state_positions:
+        try:
+            diff, spread = positions.check(runner, [t % runner.vocab_size for t in PROMPT_A], PAGE)
+            error = None if diff <= tol * spread else f"log-probabilities differ by {diff:.3g}"
+        except Exception as e:  # noqa: BLE001 - any failure: verifies replay instead
+            error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            runner.state_positions = False
+            log.warning(
+                "model type %r: a rejected proposal replays its accepted tokens (resumed "
+                "from a verify's per-position states it disagreed with mlx-lm: %s)",
+                model_type,
+                error,
+            )
 
 
 def _compare(runner: ModelRunner, every_position: bool = True) -> tuple[float, float]:

@@ -109,21 +109,25 @@ def test_ngram_proposals_on_a_hybrid_model_match_mlx_lm(family_model_dir):
 def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny_model_dir):
     """Verifies of one length run as one (B, K + 1) call, so up to 8 decoding requests
     speculate by default as on other models. Their backup slots (two per speculating
-    request) come on top of the prefix cache's, and --state-snapshots 0 still means no
-    prefix cache."""
+    request; K + 1 where verifies keep their states per position) come on top of the prefix
+    cache's, and --state-snapshots 0 still means no prefix cache."""
     ngram = {"speculative": "ngram"}
     hybrid = LLM(str(family_model_dir("qwen3_next")), max_num_seqs=4, **ngram).engine.scheduler
-    assert hybrid.config.speculation.max_batch == 8
-    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + 16
+    spec = hybrid.config.speculation
+    assert spec.max_batch == 8 and spec.per_position
+    per_verify = (spec.num_tokens + 1) * 8
+    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + per_verify
+    ssm = LLM(str(family_model_dir("mamba2")), max_num_seqs=4, **ngram).engine.scheduler
+    assert not ssm.config.speculation.per_position and ssm.kv.states.num == 64 + 16
     plain = LLM(str(tiny_model_dir("llama")), **ngram).engine.scheduler
     assert plain.config.speculation.max_batch == 8
     off = LLM(str(family_model_dir("qwen3_next")), state_snapshots=0, **ngram).engine.scheduler
-    assert off.kv.tree is None and off.kv.states.num == 16
+    assert off.kv.tree is None and off.kv.states.num == per_verify
 
 
 def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
     """Each group of multi-token segments that shares its calls: (rows, tokens per row,
-    whether its rows keep backups)."""
+    whether its rows are verifies: keep backups or their states per position)."""
     from tandem.runner import recurrent_step
 
     calls: list[tuple[int, int, bool]] = []
@@ -131,7 +135,8 @@ def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
 
     def counting(runner, segments, group, *args):
         first = segments[group[0]]
-        calls.append((len(group), first.num_tokens, first.state_backup >= 0))
+        verify = first.state_backup >= 0 or bool(first.state_positions)
+        calls.append((len(group), first.num_tokens, verify))
         return sequences(runner, segments, group, *args)
 
     monkeypatch.setattr(recurrent_step, "_sequences", counting)
@@ -141,7 +146,7 @@ def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
 @pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])
 def test_verifies_of_one_length_run_as_one_call(family_model_dir, monkeypatch, model_type):
     """Equally long verifies of several requests go through the model together, each row
-    its own state and backup: the outputs equal mlx-lm's."""
+    its own state and backup (or states per position): the outputs equal mlx-lm's."""
     calls = _spy(monkeypatch)
     path = family_model_dir(model_type)
     rng = random.Random(7)
