@@ -87,11 +87,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     if state_slots and speculation.enabled:
         # Each verify keeps the state it starts from in a snapshot slot, to replay from when
         # a proposal is rejected (engine/results.py): at most max_batch verifies at once,
-        # and as many rolled-back requests until their replays launch; or, kept per
-        # position, K states of each verify and one its request resumes from. Shared with
-        # the prefix cache's snapshots (none without it).
-        per_verify = speculation.num_tokens if speculation.per_position else 1
-        backups = (per_verify + 1) * speculation.max_batch
+        # and as many rolled-back requests until their replays launch. Shared with the
+        # prefix cache's snapshots (none without it). (Kept per position instead, a
+        # verify's states take ids of no pool memory: state_positions below.)
+        backups = 2 * speculation.max_batch
     seqs = config.max_num_seqs * (2 if cached else 1)
     page = config.kv_page_size
     step_tokens = _step_tokens(runner, config, max_model_len, page)
@@ -192,6 +191,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         state_slots=state_slots,
         state_snapshots=snapshots + backups,
         speculation=speculation,
+        # Each speculating request's K states and the one it resumes from (no memory).
+        state_positions=(speculation.num_tokens + 1) * speculation.max_batch
+        if speculation.per_position
+        else 0,
         window=window if window_pages else 0,
         window_pages=window_pages,
     )

@@ -43,14 +43,19 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
         assert kv.tree is not None
     if kv.states is not None:
         holders = kv.tree.snapshot_refs() if kv.snapshots is not None else {}
+        held: list[int] = []  # per-position state ids (kv.positions)
         for req in sched.running.values():
             for slot in (req.state_src, req.checkpoint, req.spec_backup, *req.spec_positions):
-                if slot >= 0:
+                if slot >= 0 and kv.positions is not None and slot in kv.positions:
+                    held.append(slot)
+                elif slot >= 0:
                     holders[slot] = holders.get(slot, 0) + 1
             assert req.checkpoint >= 0 or req.checkpoint_pos == 0 or req.finished
             assert req.spec_backup < 0 or req.spec_inflight, "a backup with no verify"
             assert not req.spec_positions or req.spec_inflight, "position states, no verify"
         kv.states.check(holders)
+        if kv.positions is not None:
+            kv.positions.check(held)
         for req in sched.waiting:
             assert req.state_src == req.checkpoint == req.spec_backup == -1, (
                 "a waiting request holds a snapshot"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from tandem.engine.pages import PageAllocator
 from tandem.engine.prefix_cache import PrefixCache, StateHit
 from tandem.engine.request import Request
-from tandem.engine.state_slots import Snapshots
+from tandem.engine.state_slots import PositionSlots, Snapshots
 
 
 def min_window_pages(window: int, page_size: int) -> int:
@@ -35,6 +35,7 @@ class KVManager:
         snapshots: Snapshots | None = None,
         window: int = 0,
         window_pages: int = 0,
+        positions: PositionSlots | None = None,
     ) -> None:
         self.page_size = page_size
         self.alloc = PageAllocator(num_pages)
@@ -54,6 +55,7 @@ class KVManager:
         # where the prefix cache keeps states in them.
         self.states = snapshots
         self.snapshots = snapshots if prefix_cache else None
+        self.positions = positions  # a verify's states per position (no pool memory)
         self.tree = (
             PrefixCache(
                 self.alloc, page_size, self.snapshots, window_alloc=self.walloc, window=self.window
@@ -203,7 +205,9 @@ class KVManager:
             self.drop_snapshot(slot)
 
     def drop_snapshot(self, slot: int) -> None:
-        if slot >= 0:
+        if slot >= 0 and self.positions is not None and slot in self.positions:
+            self.positions.free(slot)
+        elif slot >= 0:
             assert self.states is not None
             self.states.decref(slot)
 

@@ -128,6 +128,9 @@ class StepPlan:
     # Draft-model queries run in this step before the forward (engine/drafting.py): their
     # proposals feed verify segments on the device, with no wait for the host between.
     drafts: tuple[DraftQuery, ...] = ()
+    # Per-position state ids freed since the plan before (engine/state_slots.py's
+    # PositionSlots): the runner lets go of the states they held.
+    released_states: tuple[int, ...] = ()
 
     @property
     def chained(self) -> bool:

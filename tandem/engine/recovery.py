@@ -41,6 +41,8 @@ def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: 
     if sched.kv.states is not None:
         # Slots a plan that never launched had taken have no holder to give them back.
         sched.kv.states.reset()
+    if sched.kv.positions is not None:
+        sched.kv.positions.reset()  # (the runner's held states went with its pool)
 
 
 def fit(sched: Scheduler) -> None:

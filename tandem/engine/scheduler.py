@@ -21,7 +21,7 @@ from tandem.engine.plan import DraftQuery, Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
 from tandem.engine.speculation import SpecConfig
-from tandem.engine.state_slots import Snapshots, StateSlots
+from tandem.engine.state_slots import PositionSlots, Snapshots, StateSlots
 from tandem.outputs import EngineOutput
 
 DEFAULT_PAGE_SIZE = 16
@@ -45,6 +45,8 @@ class SchedulerConfig:
     state_slots: int = 0
     state_snapshots: int = 0
     speculation: SpecConfig = SpecConfig()
+    # Ids of verifies' states per position (speculation.per_position), after those slots.
+    state_positions: int = 0
     # Sliding-window layers' own page group (engine/kv_manager.py): the widest window in
     # positions and the group's pages (0: no group; those layers use the full pages).
     window: int = 0
@@ -80,6 +82,9 @@ class Scheduler:
             snapshots=snapshots,
             window=config.window,
             window_pages=config.window_pages,
+            positions=PositionSlots(config.state_slots + config.state_snapshots, n)
+            if (n := config.state_positions)
+            else None,
         )
         if config.state_slots and config.speculation.enabled:
             assert self.kv.states is not None, "recurrent verifies need snapshot slots"
@@ -331,6 +336,8 @@ class Scheduler:
         drafts: list[DraftQuery],
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
+        positions = self.kv.positions
+        released = positions.take_freed() if positions is not None else ()
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens
@@ -368,6 +375,7 @@ class Scheduler:
             parent_step=parent.step_id if parent is not None else 0,
             reuse_sampling=reuse,
             drafts=tuple(drafts),
+            released_states=released,
         )
 
     def _leader_prefilling(self, req: Request) -> bool:

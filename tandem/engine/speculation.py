@@ -332,7 +332,9 @@ def back_up(sched: Scheduler, proposals: dict[str, list[int]]) -> dict[str, list
         assert req.spec_backup < 0 and not req.spec_positions
         if proposal and per_position:
             got: list[int] = []
-            while len(got) < len(proposal) and (slot := sched.kv.new_snapshot()) >= 0:
+            positions = sched.kv.positions
+            assert positions is not None
+            while len(got) < len(proposal) and (slot := positions.allocate()) >= 0:
                 got.append(slot)
             if not got:
                 continue

@@ -81,3 +81,48 @@ class Snapshots:
         assert self.refs == holders, f"snapshot slot references {self.refs} != {holders}"
         assert len(self._free) + len(self.refs) == self.num
         assert not set(self._free) & set(self.refs), "a snapshot slot is free and held"
+
+
+class PositionSlots:
+    """Slot ids for a verify's states after each of its positions (runner/positions.py),
+    numbered after the pool's slots: the runner holds those states where the layers left
+    them (runner/state.py), so an id takes no pool memory. One holder each: the verify in
+    flight, then the request resuming from it until that step launches. Ids freed since the
+    last plan go out with the next (``take_freed``), and the runner lets go of their states."""
+
+    def __init__(self, first: int, num: int) -> None:
+        self.first = first
+        self.num = num
+        self._free: list[int] = []
+        self._freed: list[int] = []
+        self.reset()
+
+    def __contains__(self, slot: int) -> bool:
+        return self.first <= slot < self.first + self.num
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        """A free id, or -1 when none is."""
+        return self._free.pop() if self._free else -1
+
+    def free(self, slot: int) -> None:
+        assert slot in self and slot not in self._free, f"position slot {slot} freed twice"
+        self._free.append(slot)
+        self._freed.append(slot)
+
+    def take_freed(self) -> tuple[int, ...]:
+        freed, self._freed = tuple(self._freed), []
+        return freed
+
+    def reset(self) -> None:
+        """Every id free (after a step failure the runner's held states are gone too)."""
+        self._free = list(range(self.first + self.num - 1, self.first - 1, -1))
+        self._freed = []
+
+    def check(self, holders: list[int]) -> None:
+        assert len(set(holders)) == len(holders), "two holders of one position slot"
+        assert not set(holders) & set(self._free), "a position slot is free and held"
+        assert len(self._free) + len(holders) == self.num, "position slots lost"

@@ -20,6 +20,7 @@ resume exactly as mlx-lm runs, or the engine replays instead.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,10 @@ def _capturing(cls: type) -> type:
 def install(model: nn.Module, recurrent_layers: int) -> bool:
     """Mark the convolutions of the model's Gated DeltaNet layers (a ``conv1d`` beside
     ``A_log`` and ``dt_bias``, in a module that calls ``gated_delta_update``); True when
-    there is one such layer per recurrent layer."""
+    there is one such layer per recurrent layer. ``TANDEM_STATE_POSITIONS=0`` turns them
+    off (rejected proposals replay, as for other recurrent layers)."""
+    if os.environ.get("TANDEM_STATE_POSITIONS") == "0":
+        return False
     found = [
         m
         for m in model.modules()

@@ -37,6 +37,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
     logits back in ``head`` order."""
     sp = runner.state_pool
     assert sp is not None
+    sp.forget(plan.released_states)
     starts, t = [], 0
     for seg in plan.segments:
         starts.append(t)
@@ -76,7 +77,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         write = slots([seg.state_slot for seg in segs])
         # Nothing to read: sequences starting at 0, or the resident states of these rows.
         resident = initial is not None and not fresh
-        read = None if fresh or resident else slots([_source(seg) for seg in segs])
+        read = None if fresh or resident else [_source(seg) for seg in segs]
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
         assert all(seg.state_backup < 0 and not seg.state_positions for seg in segs), (
             "a verify of one token"
@@ -150,15 +151,14 @@ def _sequences(
     assert sp is not None
     segs = [segments[i] for i in group]
     assert all(seg.state_slot >= 0 for seg in segs), "a recurrent row without a slot"
-    write = slots([seg.state_slot for seg in segs])
+    own = [seg.state_slot for seg in segs]
+    write = slots(own)
     snaps = [dict(seg.snapshots) for seg in segs]
     outs = []
     a = 0
     for b in _cuts(segs[0]):
-        if a == 0:
-            read = None if segs[0].start == 0 else slots([_source(seg) for seg in segs])
-        else:
-            read = write
+        first = None if segs[0].start == 0 else [_source(seg) for seg in segs]
+        read = own if a else first
         copies = [
             (r, snap[seg.start + b])
             for r, (seg, snap) in enumerate(zip(segs, snaps, strict=True))
@@ -170,10 +170,12 @@ def _sequences(
         if a == 0 and segs[0].state_backup >= 0:
             backup = slots([seg.state_backup for seg in segs])
         assert backup is None or read is not None
-        # A verify that keeps its states per position: those of this piece's positions.
+        # A verify that keeps its states per position: those of this piece's positions,
+        # held where the layers left them (runner/state.py).
         keep = None
         if segs[0].state_positions and a < len(segs[0].state_positions):
-            keep = mx.array([seg.state_positions[a:b] for seg in segs], dtype=mx.int32)
+            held = [list(seg.state_positions[a:b]) for seg in segs]
+            keep = (sp.hold(held), len(held[0]))
         states = [
             StepState(sp, j, write, read, copy, backup=backup, positions=keep)
             for j in range(len(sp.specs))

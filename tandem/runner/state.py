@@ -15,6 +15,12 @@ of a batch) skip both: the previous step's new states stay *resident* as they ca
 layer, are read from there, and reach the pool only when the rows change (``flush``, before
 anything else of that step reads or writes a slot). On MLX's CPU backend the scatter of 16
 rows of a 256 KiB state costs ~6.6 ms, more than a small model's whole step.
+
+A verify's states after each position (runner/positions.py) are *held* the same way: the
+arrays the layers produced stay as they are, ids past the pool's slots point into them, and
+a read of such an id takes its state from there (a rejected proposal's resume reads one of
+K); the engine's plans say which ids it freed, and their states are let go. Scattered to the
+pool instead, 4 verifies of K = 4 cost a Qwen3.5 tiny shape's CPU step 40% more.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from tandem.runner import positions as _positions
 from tandem.runner.layers import StateSpec
 
 
+class Held:
+    """One call's states after each position: per layer and array, (B, m, ...)."""
+
+    def __init__(self, specs: list[StateSpec]) -> None:
+        self.values: list[list[mx.array | None]] = [[None] * len(s.entries) for s in specs]
+
+
 class StatePool:
     def __init__(self, specs: list[StateSpec], num_slots: int) -> None:
         self.specs = specs
@@ -36,11 +49,14 @@ class StatePool:
         # The last decode call's rows (their slots, in order) and new states per layer and
         # array, not yet written to ``bufs``.
         self.resident: tuple[tuple[int, ...], list[list[mx.array | None] | None]] | None = None
+        # Slots whose state is held: (the call's states, row, position).
+        self.held: dict[int, tuple[Held, int, int]] = {}
         self.reset()
 
     def reset(self) -> None:
         self.bufs = []
         self.resident = None
+        self.held = {}
         gc.collect()
         mx.clear_cache()
         for spec in self.specs:
@@ -58,7 +74,41 @@ class StatePool:
 
     def arrays(self) -> list[mx.array]:
         held = [x for x in self.resident[1] if x is not None] if self.resident is not None else []
+        calls = {id(h): h for h, _, _ in self.held.values()}.values()
+        held += [layer for h in calls for layer in h.values]
         return [b for layer in [*self.bufs, *held] for b in layer if b is not None]
+
+    def hold(self, rows: list[list[int]]) -> Held:
+        """Ids ``rows[r][j]`` (past the pool's slots: engine/state_slots.py's PositionSlots)
+        hold row r's states after position j of the call to come."""
+        held = Held(self.specs)
+        for r, row in enumerate(rows):
+            for j, slot in enumerate(row):
+                self.held[slot] = (held, r, j)
+        return held
+
+    def forget(self, slots: tuple[int, ...]) -> None:
+        """Let go of the states these ids held (the engine freed them)."""
+        for slot in slots:
+            self.held.pop(slot, None)
+
+    def gather(self, layer: int, k: int, slots: list[int]) -> mx.array:
+        """Array ``k`` of ``layer`` for these slots, (len(slots), ...)."""
+        buf = self.bufs[layer][k]
+        assert buf is not None
+        if not any(s in self.held for s in slots):
+            return buf[mx.array(slots, dtype=mx.int32)]
+        parts = []
+        for s in slots:
+            if s in self.held:
+                held, r, j = self.held[s]
+                value = held.values[layer][k]
+                assert value is not None, f"slot {s}: no state held for layer {layer}"
+                parts.append(value[r, j])
+            else:
+                assert s < self.num_slots, f"slot {s} holds no state"
+                parts.append(buf[s])
+        return mx.stack(parts)
 
     def flush(self) -> None:
         """Write the resident states to their slots."""
@@ -80,21 +130,21 @@ class StepState(ArraysCache):
     rows). ``write_back`` stores what the layer left in the cache to the rows' ``write``
     slots, or into ``keep`` (to become the resident states), and rows ``copies[0]`` also to
     snapshot slots ``copies[1]``. ``backup``: slots that get a copy of the states read.
-    ``positions``: (B, m) slots that get each row's states after the call's first m
-    positions (runner/positions.py; the layer's calls capture them while it runs)."""
+    ``positions``: where each row's states after the call's first m positions are held
+    (``StatePool.hold``; runner/positions.py: the layer's calls capture them as it runs)."""
 
     def __init__(
         self,
         pool: StatePool,
         layer: int,
         write: mx.array,
-        read: mx.array | None,
+        read: list[int] | None,
         copies: tuple[mx.array, mx.array] | None = None,
         *,
         initial: list[mx.array | None] | None = None,
         keep: list[list[mx.array | None] | None] | None = None,
         backup: mx.array | None = None,
-        positions: mx.array | None = None,
+        positions: tuple[Held, int] | None = None,
     ) -> None:
         bufs = pool.bufs[layer]
         super().__init__(len(bufs))
@@ -107,7 +157,7 @@ class StepState(ArraysCache):
             for k, buf in enumerate(bufs):
                 if buf is None:
                     continue
-                self.cache[k] = buf[read]
+                self.cache[k] = pool.gather(layer, k, read)
                 if backup is not None:
                     buf[backup] = self.cache[k]
 
@@ -133,8 +183,8 @@ class StepState(ArraysCache):
                 buf[slots] = new[rows]
             if self.positions is not None:
                 assert self.capture is not None
-                b, m = self.positions.shape
-                per = self.capture.per_position(self.cache[k], m).astype(buf.dtype)
-                buf[self.positions.reshape(-1)] = per.reshape(b * m, *per.shape[2:])
+                held, m = self.positions
+                per = self.capture.per_position(self.cache[k], m)
+                held.values[self.layer][k] = per.astype(buf.dtype)
         if self.keep is not None:
             self.keep[self.layer] = kept

@@ -40,9 +40,7 @@ def _run(path, prompts, **kw) -> tuple[LLM, list[list[int]], list[Segment]]:
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_rejected_proposals_resume_from_the_verify_s_states(
-    family_model_dir, monkeypatch, overlap
-):
+def test_rejected_proposals_resume_from_the_verify_s_states(family_model_dir, monkeypatch, overlap):
     path = family_model_dir("qwen3_next")
     prompts = _prompts()
     oracle(monkeypatch, path, prompts, seed=22)
@@ -60,6 +58,11 @@ def test_rejected_proposals_resume_from_the_verify_s_states(
     assert resumed and all(s.num_tokens == 1 or s.state_positions for s in resumed)
     kv = llm.engine.scheduler.kv
     assert kv.states.num_free == kv.states.num
+    assert kv.positions.num_free == kv.positions.num
+    # Every id the engine freed was told to the runner with the next plan: it holds only
+    # those freed since the last one (the last verifies', until the engine runs again).
+    held = set(llm.engine.loop.runner.state_pool.held)
+    assert held and held <= set(kv.positions.take_freed())
 
 
 def test_the_same_output_as_replaying(family_model_dir, monkeypatch):

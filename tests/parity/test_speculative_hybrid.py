@@ -109,20 +109,23 @@ def test_ngram_proposals_on_a_hybrid_model_match_mlx_lm(family_model_dir):
 def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny_model_dir):
     """Verifies of one length run as one (B, K + 1) call, so up to 8 decoding requests
     speculate by default as on other models. Their backup slots (two per speculating
-    request; K + 1 where verifies keep their states per position) come on top of the prefix
-    cache's, and --state-snapshots 0 still means no prefix cache."""
+    request) come on top of the prefix cache's, and --state-snapshots 0 still means no
+    prefix cache. Where verifies keep their states per position, K + 1 ids per speculating
+    request come after those (ids only: the runner holds those states, no pool memory)."""
     ngram = {"speculative": "ngram"}
     hybrid = LLM(str(family_model_dir("qwen3_next")), max_num_seqs=4, **ngram).engine.scheduler
     spec = hybrid.config.speculation
     assert spec.max_batch == 8 and spec.per_position
-    per_verify = (spec.num_tokens + 1) * 8
-    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + per_verify
+    assert hybrid.kv.tree is not None and hybrid.kv.states.num == 64 + 16
+    positions = hybrid.kv.positions
+    assert positions.num == (spec.num_tokens + 1) * 8 and positions.first == 4 + 64 + 16
     ssm = LLM(str(family_model_dir("mamba2")), max_num_seqs=4, **ngram).engine.scheduler
-    assert not ssm.config.speculation.per_position and ssm.kv.states.num == 64 + 16
+    assert not ssm.config.speculation.per_position and ssm.kv.positions is None
+    assert ssm.kv.states.num == 64 + 16
     plain = LLM(str(tiny_model_dir("llama")), **ngram).engine.scheduler
     assert plain.config.speculation.max_batch == 8
     off = LLM(str(family_model_dir("qwen3_next")), state_snapshots=0, **ngram).engine.scheduler
-    assert off.kv.tree is None and off.kv.states.num == per_verify
+    assert off.kv.tree is None and off.kv.states.num == 16
 
 
 def _spy(monkeypatch) -> list[tuple[int, int, bool]]:
