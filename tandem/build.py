@@ -99,6 +99,10 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
     window_pages = _window_pages(config, window, page, step_tokens) if window < max_model_len else 0
     states = state_slots + snapshots + backups
     memory -= states * runner.state_bytes_per_seq  # the states first
+    if state_slots and speculation.per_position:
+        # Verifies' states per position, held outside the pool (runner/state.py): a step's
+        # K per speculating request, and those its requests resume from, during the next.
+        memory -= 2 * speculation.num_tokens * speculation.max_batch * runner.state_bytes_per_seq
     if (
         state_slots
         and per_token

@@ -31,6 +31,7 @@ RANDOM_SHAPES = (
     "qwen3.5-tiny",
     "gemma3-1b",
     "gemma3-tiny",
+    "nemotron-h-tiny",
 )
 
 # Real small shapes of the model families (random weights): a Qwen3.5 hybrid (Gated DeltaNet
@@ -111,6 +112,34 @@ FAMILY_SHAPES["qwen3.5-tiny"] = {
         "vocab_size": 4096,
     },
     "vocab_size": 4096,
+}
+
+
+# A Mamba-2 hybrid (Nemotron-H's layer kinds: Mamba-2 "M", MLP "-", attention "*") at a
+# size the 2-core CPU measures: 12 layers of width 512, 6 of them Mamba-2 (16 heads of 64,
+# state 64: 256 KiB of SSM state per layer), one attention.
+FAMILY_SHAPES["nemotron-h-tiny"] = {
+    "model_type": "nemotron_h",
+    "vocab_size": 4096,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "attention_bias": False,
+    "mamba_num_heads": 16,
+    "mamba_head_dim": 64,
+    "mamba_proj_bias": False,
+    "ssm_state_size": 64,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "mlp_bias": False,
+    "layer_norm_epsilon": 1e-5,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "num_hidden_layers": 12,
+    "hybrid_override_pattern": list("M-M-M*M-M-M-"),
 }
 
 

@@ -47,6 +47,9 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
         for req in sched.running.values():
             for slot in (req.state_src, req.checkpoint, req.spec_backup, *req.spec_positions):
                 if slot >= 0 and kv.positions is not None and slot in kv.positions:
+                    assert slot in req.spec_positions or (
+                        slot == req.state_src and req.status is RequestStatus.DECODE
+                    ), f"position id {slot} held as a checkpoint or backup"
                     held.append(slot)
                 elif slot >= 0:
                     holders[slot] = holders.get(slot, 0) + 1
@@ -75,6 +78,9 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
             samples[rid] = samples.get(rid, 0) + 1
         for seg in plan.segments:
             assert seg.end <= len(seg.pages) * kv.page_size, "a segment writes past its pages"
+            if seg.state_positions:  # the verify's request holds them until its result
+                owner = sched.running[seg.request_id]
+                assert owner.spec_positions == seg.state_positions, "position ids drifted"
     for req in sched.waiting:
         assert req.status is RequestStatus.WAITING and not req.pages and not req.locked_pages
     for rid, req in sched.running.items():

@@ -206,7 +206,7 @@ def update(
             y, state = mlx_gd.gated_delta_ops(*x, state, None)
         ys.append(y)
         states.append(state)
-    capture.states = mx.stack(states, axis=1)
+    capture.states = states
     return mx.concatenate(ys, axis=1), state
 
 

@@ -5,17 +5,19 @@ A verify of ``n`` tokens advances a recurrent layer's state over all of them; wh
 first ``e`` are accepted, the request must go on from the state after ``e``. Without more, the
 engine keeps the state before the verify and replays the accepted tokens from it (a call and
 a step of their own, engine/results.py). Where the layers let the runner see each position's
-state, the verify instead copies the states after its positions ``0 .. n - 2`` to snapshot
-slots, and the request resumes from the one it needs (``Segment.state_positions``).
+state, the verify instead keeps the states after its positions ``0 .. n - 2`` under ids of
+their own (``Segment.state_positions``; runner/state.py holds them outside the pool), and
+the request resumes from the one it needs.
 
-That is so for Gated DeltaNet layers as mlx-lm writes them (Qwen3-Next, Qwen3.5 and their
-MoE variants): a short convolution over ``concat(conv_state, x)``, whose state after
-position ``j`` is that input's ``keep`` rows after row ``j``, and the gated delta recurrence,
-which runs position by position and is asked for each state (runner/gated_delta.py). While
-a call captures, each layer's ``StepState`` is the current target (set when the layer reads
-its cache, as it does first) of its convolution's input and its recurrence's states.
-``install`` marks the convolutions; the load check (runner/verify.py) proves the states
-resume exactly as mlx-lm runs, or the engine replays instead.
+That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5) and Mamba-2
+(Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0, PLaMo 2): a short convolution over
+``concat(conv_state, x)``, whose state after position ``j`` is that input's ``keep`` rows
+after row ``j``, then a gated delta recurrence (run position by position,
+runner/gated_delta.py) or Mamba-2's SSD (each position's state in closed form, ``ssm_update``
+here). While a call captures, each layer's ``StepState`` is the current target (set when the
+layer reads its cache, as it does first) of its convolution's input and its recurrence's
+states. ``install`` marks the convolutions; the load check (``check``, from runner/verify.py)
+proves the states resume as mlx-lm runs, or the engine replays instead.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import ssm as mlx_ssm
 
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
@@ -33,23 +36,23 @@ if TYPE_CHECKING:
 
 class Capture:
     """What one recurrent layer's call left to read per position: its convolution's input
-    (B, keep + T, C) and its recurrence's states (B, T, ...)."""
+    (B, keep + T, C) and its recurrence's state after each position (each (B, ...), arrays of
+    their own, so holding one does not keep the others)."""
 
     def __init__(self) -> None:
         self.conv: mx.array | None = None
-        self.states: mx.array | None = None
+        self.states: list[mx.array] | None = None
 
-    def per_position(self, new: mx.array, m: int) -> mx.array:
+    def per_position(self, new: mx.array, m: int) -> list[mx.array]:
         """The entry whose value after the call is ``new`` (B, ...), after each of the
-        call's first ``m`` positions: (B, m, ...)."""
+        call's first ``m`` positions."""
         s, c = self.states, self.conv
-        if s is not None and new.shape == (s.shape[0], *s.shape[2:]) and s.shape[1] >= m:
-            return s[:, :m]
+        if s is not None and len(s) >= m and new.shape == s[0].shape:
+            return s[:m]
         if c is not None and new.ndim == 3 and new.shape[::2] == c.shape[::2]:
             keep = new.shape[1]
             if c.shape[1] - keep >= m:
-                rows = mx.arange(1, m + 1)[:, None] + mx.arange(keep)[None, :]
-                return c[:, rows]
+                return [c[:, j + 1 : j + 1 + keep] for j in range(m)]
         raise RuntimeError(
             f"no per-position value for a recurrent cache entry of shape {new.shape}"
         )
@@ -66,6 +69,55 @@ def aim(capture: Capture | None) -> None:
 def current() -> Capture | None:
     return _target[0]
 
+
+def ssm_update(
+    hidden_states: mx.array,
+    A_log: mx.array,  # noqa: N803 - mlx-lm's names
+    B: mx.array,  # noqa: N803
+    C: mx.array,  # noqa: N803
+    D: mx.array,  # noqa: N803
+    dt: mx.array,
+    dt_bias: mx.array,
+    state: mx.array | None = None,
+    time_step_limit: tuple[float, float] = (0.001, 100.0),
+    mask: mx.array | None = None,
+    lengths: mx.array | None = None,
+) -> tuple[mx.array, mx.array]:
+    """mlx-lm's ``ssm_update`` (Mamba-2 layers), also giving the current capture the state
+    after each position."""
+    y, new = mlx_ssm.ssm_update(
+        hidden_states, A_log, B, C, D, dt, dt_bias, state, time_step_limit, mask, lengths
+    )
+    capture = _target[0]
+    if capture is not None and mask is None and lengths is None:
+        capture.states = _ssd_states(hidden_states, A_log, B, dt, dt_bias, state, time_step_limit)
+    return y, new
+
+
+def _ssd_states(x, A_log, B, dt, dt_bias, state, limit) -> list[mx.array]:  # noqa: N803
+    """The SSD recurrence's state after each position (as mlx-lm's ``ssm_attn`` computes the
+    last): state_j = sum_{t <= j} decay[j, t] dt_t x_t B_t^T + exp(sum_{k <= j} dtA_k) state,
+    each (b, h, dh, d)."""
+    b, n, h, dh = x.shape
+    g = B.shape[2]
+    dt = mlx_ssm.compute_dt(dt, dt_bias, limit)  # (b, n, h)
+    dtA = dt * (-mx.exp(A_log).astype(dt.dtype)).reshape(1, 1, -1)  # noqa: N806
+    dtx = (dt.reshape(b, n, h, 1) * x).swapaxes(1, 2)  # (b, h, n, dh)
+    # (b, h, n (j), n (t)); causal (mlx-lm's segsum leaves exp(0) above the diagonal)
+    decay = mx.tril(mx.exp(mlx_ssm.segsum(dtA.swapaxes(1, 2))))
+    bh = mx.repeat(B, h // g, axis=2).swapaxes(1, 2)  # (b, h, n, d)
+    carry = mx.exp(mx.cumsum(dtA, axis=1))  # (b, n, h)
+    states = []
+    for j in range(n):
+        # (b, h, dh, t) @ (b, h, t, d)
+        s = (decay[:, :, j, :, None] * dtx).swapaxes(-1, -2) @ bh
+        if state is not None:
+            s = s + carry[:, j, :, None, None] * state
+        states.append(s)
+    return states
+
+
+SEAMS = ("gated_delta_update", "ssm_update")  # the recurrences a capture sees
 
 _classes: dict[type, type] = {}
 
@@ -85,8 +137,9 @@ def _capturing(cls: type) -> type:
 
 
 def install(model: nn.Module, recurrent_layers: int) -> bool:
-    """Mark the convolutions of the model's Gated DeltaNet layers (a ``conv1d`` beside
-    ``A_log`` and ``dt_bias``, in a module that calls ``gated_delta_update``); True when
+    """Mark the convolutions of the model's Gated DeltaNet and Mamba-2 layers (a ``conv1d``
+    beside ``A_log`` and ``dt_bias``, in a module that calls ``gated_delta_update`` or
+    ``ssm_update``, which captures through ``ssm_update`` here); True when
     there is one such layer per recurrent layer. ``TANDEM_STATE_POSITIONS=0`` turns them
     off (rejected proposals replay, as for other recurrent layers)."""
     if os.environ.get("TANDEM_STATE_POSITIONS") == "0":
@@ -97,21 +150,26 @@ def install(model: nn.Module, recurrent_layers: int) -> bool:
         if isinstance(getattr(m, "conv1d", None), nn.Conv1d)
         and hasattr(m, "A_log")
         and hasattr(m, "dt_bias")
-        and hasattr(sys.modules.get(type(m).__module__), "gated_delta_update")
+        and any(hasattr(sys.modules.get(type(m).__module__), seam) for seam in SEAMS)
     ]
     if not found or len(found) != recurrent_layers:
         return False
     for m in found:
         conv = m.conv1d
         conv.__class__ = _capturing(type(conv))
+        module = sys.modules[type(m).__module__]
+        if getattr(module, "ssm_update", None) is mlx_ssm.ssm_update:
+            module.__dict__["ssm_update"] = ssm_update
     return True
 
 
 def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, float]:
     """Resumed from the states a verify kept at its positions, against mlx-lm: two requests
-    of ``prompt`` (9 tokens) prefill 4 tokens, verify the other 5 in one (2, 5) call keeping
-    the states after positions 4 .. 7, then decode the 7th and the 9th token from the states
-    after the 6th and the 8th. The largest difference of log-probabilities and their spread."""
+    of ``prompt`` (9 tokens) prefill 4 tokens and verify the other 5 in one (2, 5) call,
+    keeping the states after positions 4 .. 7 under ids past the scratch pool's 2 slots; then
+    one decodes the 7th token from the state after the 6th while the other runs the 7th to
+    9th from it as one segment. The largest difference of log-probabilities and the
+    reference's spread."""
     from tandem.engine.plan import RowSampling, Segment, StepPlan
     from tandem.runner.paged import PagePool
     from tandem.runner.state import StatePool
@@ -128,7 +186,7 @@ def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, flo
         inplace=bool(saved[0] and saved[0].inplace),
         window_pages=6 if window else 0,
     )
-    runner.state_pool = StatePool(runner.state_specs, 10)
+    runner.state_pool = StatePool(runner.state_specs, 2)
     none = RowSampling((), (), (), ())
     pages = {"a": (0, 1, 2), "b": (3, 4, 5)}
 
@@ -150,10 +208,10 @@ def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, flo
         step(2, verify, [4, 9])
         resumed = [
             seg("a", 6, 1, state_slot=0, state_src=3),
-            seg("b", 8, 1, state_slot=1, state_src=9),
+            seg("b", 6, 3, state_slot=1, state_src=7),
         ]
-        got = step(3, resumed, [0, 1])
-        want = mx.concatenate([_reference(model, a[:7], 6), _reference(model, a, 8)])
+        got = step(3, resumed, [0, 1, 2, 3])
+        want = mx.concatenate([_reference(model, a[:7], 6), _reference(model, a, 6)])
         got_lp, want_lp = _logprobs(got), _logprobs(want)
         diff = mx.max(mx.abs(got_lp - want_lp)).item()
         spread = max(mx.std(want_lp).item(), 1e-6)

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from tandem.engine.plan import Segment, StepPlan
-from tandem.runner.state import StepState
+from tandem.runner.state import Reads, StepState
 
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
@@ -77,7 +77,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         write = slots([seg.state_slot for seg in segs])
         # Nothing to read: sequences starting at 0, or the resident states of these rows.
         resident = initial is not None and not fresh
-        read = None if fresh or resident else [_source(seg) for seg in segs]
+        read = None if fresh or resident else Reads(sp, [_source(seg) for seg in segs])
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
         assert all(seg.state_backup < 0 and not seg.state_positions for seg in segs), (
             "a verify of one token"
@@ -157,8 +157,11 @@ def _sequences(
     outs = []
     a = 0
     for b in _cuts(segs[0]):
-        first = None if segs[0].start == 0 else [_source(seg) for seg in segs]
-        read = own if a else first
+        read = None  # (sequences starting at 0 read nothing)
+        if a:
+            read = Reads(sp, own)
+        elif segs[0].start:
+            read = Reads(sp, [_source(seg) for seg in segs])
         copies = [
             (r, snap[seg.start + b])
             for r, (seg, snap) in enumerate(zip(segs, snaps, strict=True))

@@ -35,10 +35,19 @@ from tandem.runner.layers import StateSpec
 
 
 class Held:
-    """One call's states after each position: per layer and array, (B, m, ...)."""
+    """One call's states after each position: per layer and array, m arrays (B, ...)."""
 
     def __init__(self, specs: list[StateSpec]) -> None:
-        self.values: list[list[mx.array | None]] = [[None] * len(s.entries) for s in specs]
+        self.values: list[list[list[mx.array] | None]] = [[None] * len(s.entries) for s in specs]
+
+
+class Reads:
+    """The slots (or held ids) a call's rows read their states from, in row order."""
+
+    def __init__(self, pool: StatePool, slots: list[int]) -> None:
+        self.slots = slots
+        self.held = any(s in pool.held for s in slots)
+        self.idx = None if self.held else mx.array(slots, dtype=mx.int32)
 
 
 class StatePool:
@@ -75,8 +84,8 @@ class StatePool:
     def arrays(self) -> list[mx.array]:
         held = [x for x in self.resident[1] if x is not None] if self.resident is not None else []
         calls = {id(h): h for h, _, _ in self.held.values()}.values()
-        held += [layer for h in calls for layer in h.values]
-        return [b for layer in [*self.bufs, *held] for b in layer if b is not None]
+        kept = [x for h in calls for layer in h.values for v in layer if v for x in v]
+        return [b for layer in [*self.bufs, *held] for b in layer if b is not None] + kept
 
     def hold(self, rows: list[list[int]]) -> Held:
         """Ids ``rows[r][j]`` (past the pool's slots: engine/state_slots.py's PositionSlots)
@@ -92,19 +101,19 @@ class StatePool:
         for slot in slots:
             self.held.pop(slot, None)
 
-    def gather(self, layer: int, k: int, slots: list[int]) -> mx.array:
+    def gather(self, layer: int, k: int, reads: Reads) -> mx.array:
         """Array ``k`` of ``layer`` for these slots, (len(slots), ...)."""
         buf = self.bufs[layer][k]
         assert buf is not None
-        if not any(s in self.held for s in slots):
-            return buf[mx.array(slots, dtype=mx.int32)]
+        if reads.idx is not None:
+            return buf[reads.idx]
         parts = []
-        for s in slots:
+        for s in reads.slots:
             if s in self.held:
                 held, r, j = self.held[s]
                 value = held.values[layer][k]
                 assert value is not None, f"slot {s}: no state held for layer {layer}"
-                parts.append(value[r, j])
+                parts.append(value[j][r])
             else:
                 assert s < self.num_slots, f"slot {s} holds no state"
                 parts.append(buf[s])
@@ -138,7 +147,7 @@ class StepState(ArraysCache):
         pool: StatePool,
         layer: int,
         write: mx.array,
-        read: list[int] | None,
+        read: Reads | None,
         copies: tuple[mx.array, mx.array] | None = None,
         *,
         initial: list[mx.array | None] | None = None,
@@ -185,6 +194,6 @@ class StepState(ArraysCache):
                 assert self.capture is not None
                 held, m = self.positions
                 per = self.capture.per_position(self.cache[k], m)
-                held.values[self.layer][k] = per.astype(buf.dtype)
+                held.values[self.layer][k] = [v.astype(buf.dtype) for v in per]
         if self.keep is not None:
             self.keep[self.layer] = kept

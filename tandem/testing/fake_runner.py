@@ -213,7 +213,9 @@ class FakeRecurrentRunner(FakeRunner):
     state from its hit's snapshot or its own slot (nothing at position 0), which must be
     exactly its history so far, keeps it in its backup slot (a verify), appends its inputs,
     copies the state to its snapshot slots at their positions and writes it back; a sample
-    is checked against the pages too. So a
+    is checked against the pages too. A verify with per-position state ids holds the state
+    after each of its positions under them (as runner/state.py does, outside the slots) until
+    a plan releases the id; reading an id that holds nothing trips. So a
     snapshot at the wrong position, a stale or reused slot, or a state advanced by a step it
     was not in changes or trips the tokens."""
 
@@ -226,16 +228,24 @@ class FakeRecurrentRunner(FakeRunner):
         self.replays = 0  # segments that read a verify's backup
         self.replay_snapshots = 0  # snapshots those kept
         self._backups: set[int] = set()
+        self.held: dict[int, tuple[int, ...]] = {}  # per-position state ids
+        self.resumes = 0  # segments that read one
 
     def launch(
         self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
     ) -> FakeHandle:
         handle = super().launch(plan, parent, masks)
         p = self.page_size
+        for slot in plan.released_states:
+            assert self.held.pop(slot, None) is not None, f"id {slot} released, held nothing"
         for seg in plan.segments:
             assert seg.state_slot >= 0, "a recurrent row without a slot"
             if seg.start == 0:
                 state: tuple[int, ...] = ()
+            elif seg.state_src >= 0 and seg.state_src not in self.states:
+                assert seg.state_src in self.held, f"{seg.request_id}: read of an empty id"
+                state = self.held[seg.state_src]
+                self.resumes += 1
             else:
                 src = seg.state_src if seg.state_src >= 0 else seg.state_slot
                 self.snapshot_reads += seg.state_src >= 0
@@ -253,6 +263,12 @@ class FakeRecurrentRunner(FakeRunner):
                 self.backups_taken += 1
                 self._backups.add(seg.state_backup)
             state += tuple(history[seg.start :])  # type: ignore[arg-type]
+            if seg.state_positions:
+                assert seg.num_samples > 1 and seg.state_backup < 0, "positions of no verify"
+                assert len(seg.state_positions) == seg.num_tokens - 1
+            for j, slot in enumerate(seg.state_positions):
+                assert slot not in self.states, f"id {slot} is a pool slot"
+                self.held[slot] = state[: seg.start + j + 1]
             for pos, slot in seg.snapshots:
                 assert seg.start < pos <= seg.end and pos % p == 0
                 self.states[slot] = state[:pos]
@@ -264,6 +280,7 @@ class FakeRecurrentRunner(FakeRunner):
     def reset(self) -> None:
         super().reset()
         self.states = {}
+        self.held = {}
 
 
 @dataclass

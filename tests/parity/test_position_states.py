@@ -1,6 +1,6 @@
 """Speculative verifies that keep the recurrent state after each of their positions
-(runner/positions.py: Gated DeltaNet layers), so a rejected proposal resumes from the state
-after the last accepted token instead of replaying: greedy output equals mlx-lm's
+(runner/positions.py: Gated DeltaNet and Mamba-2 layers), so a rejected proposal resumes from
+the state after the last accepted token instead of replaying: greedy output equals mlx-lm's
 ``generate_step`` and the replaying path's, no replay runs, and a model whose per-position
 states would resume wrongly is caught by the load check and replays instead."""
 
@@ -14,6 +14,7 @@ from test_speculative_hybrid import SPEC, oracle
 
 from tandem import LLM
 from tandem.engine.plan import Segment
+from tandem.testing.families import RECURRENT
 
 N = 30
 
@@ -39,9 +40,12 @@ def _run(path, prompts, **kw) -> tuple[LLM, list[list[int]], list[Segment]]:
     return llm, outs, segments
 
 
+@pytest.mark.parametrize("model_type", RECURRENT)
 @pytest.mark.parametrize("overlap", [True, False])
-def test_rejected_proposals_resume_from_the_verify_s_states(family_model_dir, monkeypatch, overlap):
-    path = family_model_dir("qwen3_next")
+def test_rejected_proposals_resume_from_the_verify_s_states(
+    family_model_dir, monkeypatch, model_type, overlap
+):
+    path = family_model_dir(model_type)
     prompts = _prompts()
     oracle(monkeypatch, path, prompts, seed=22)
     llm, outs, segments = _run(path, prompts, overlap=overlap)
@@ -65,10 +69,11 @@ def test_rejected_proposals_resume_from_the_verify_s_states(family_model_dir, mo
     assert held and held <= set(kv.positions.take_freed())
 
 
-def test_the_same_output_as_replaying(family_model_dir, monkeypatch):
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2"])
+def test_the_same_output_as_replaying(family_model_dir, monkeypatch, model_type):
     """Per-position states off (as for a model without them): rejected proposals replay,
     and every token is the same."""
-    path = family_model_dir("qwen3_next")
+    path = family_model_dir(model_type)
     prompts = _prompts()
     oracle(monkeypatch, path, prompts, seed=23)
     _, kept, _ = _run(path, prompts)

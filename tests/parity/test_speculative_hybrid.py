@@ -1,7 +1,9 @@
 """Speculative decoding on models with recurrent layers (Gated DeltaNet beside attention,
 Mamba-2 alone and beside attention in one layer): a verify advances the state over every
-token it feeds, so each keeps the state it starts from in a snapshot slot, and a rejected
-proposal is rolled back by replaying the accepted tokens from there. Greedy output equals
+token it feeds, so each keeps the state after each of its positions (runner/positions.py)
+or, where the runner cannot see them, the state it starts from in a snapshot slot, and a
+rejected proposal resumes from the state after its last accepted token or is rolled back
+by replaying the accepted tokens from the backup. Greedy output equals
 mlx-lm's ``generate_step`` whatever was accepted: an oracle proposer (mlx-lm's own
 continuation, corrupted at a random position half the time) makes verifies that accept
 everything, some or nothing; the n-gram proposer runs too."""
@@ -35,15 +37,25 @@ def oracle(monkeypatch, path, prompts: list[list[int]], seed: int) -> None:
     monkeypatch.setattr(speculation, "propose", make(prompts, refs, 0.5, 500, seed))
 
 
+def replaying(monkeypatch) -> None:
+    """Rejected proposals replay, as for layers whose states per position the runner cannot
+    see (runner/positions.py)."""
+    monkeypatch.setattr("tandem.runner.model_runner.install_positions", lambda *a: False)
+
+
 @pytest.mark.parametrize("model_type", RECURRENT)
 @pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("per_position", [True, False])
 def test_verifies_accepting_all_some_or_none_match_mlx_lm(
-    family_model_dir, monkeypatch, model_type, overlap
+    family_model_dir, monkeypatch, model_type, overlap, per_position
 ):
     path = family_model_dir(model_type)
     prompts = prompts_for(1)
     oracle(monkeypatch, path, prompts, seed=2)
+    if not per_position:
+        replaying(monkeypatch)
     llm = LLM(str(path), overlap=overlap, check_invariants=True, kv_page_size=4, **SPEC)
+    assert llm.engine.scheduler.config.speculation.per_position == per_position
     outs = llm.generate(prompts, greedy(N))
     for p, o in zip(prompts, outs, strict=True):
         assert o.token_ids == reference(path, p, N)
@@ -56,11 +68,14 @@ def test_verifies_accepting_all_some_or_none_match_mlx_lm(
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False])
+@pytest.mark.parametrize("per_position", [True, False])
 def test_hits_on_cached_states_and_aborts_with_speculation(
-    family_model_dir, monkeypatch, prefix_cache
+    family_model_dir, monkeypatch, prefix_cache, per_position
 ):
     """A second turn resuming from the first's cached state, requests sharing a prefix,
     one aborted mid-run; with the prefix cache off the snapshot slots are backups only."""
+    if not per_position:
+        replaying(monkeypatch)
     path = family_model_dir("qwen3_next")
     base = prompts_for(3)[0] + [7] * 9
     prompts = [base, base + [11, 12], base[:20] + [13]]
@@ -120,8 +135,7 @@ def test_recurrent_models_speculate_in_batches_by_default(family_model_dir, tiny
     positions = hybrid.kv.positions
     assert positions.num == (spec.num_tokens + 1) * 8 and positions.first == 4 + 64 + 16
     ssm = LLM(str(family_model_dir("mamba2")), max_num_seqs=4, **ngram).engine.scheduler
-    assert not ssm.config.speculation.per_position and ssm.kv.positions is None
-    assert ssm.kv.states.num == 64 + 16
+    assert ssm.config.speculation.per_position and ssm.kv.states.num == 64 + 16
     plain = LLM(str(tiny_model_dir("llama")), **ngram).engine.scheduler
     assert plain.config.speculation.max_batch == 8
     off = LLM(str(family_model_dir("qwen3_next")), state_snapshots=0, **ngram).engine.scheduler
