@@ -140,6 +140,7 @@ FAMILY_SHAPES["nemotron-h-tiny"] = {
     "use_conv_bias": True,
     "num_hidden_layers": 12,
     "hybrid_override_pattern": list("M-M-M*M-M-M-"),
+    "tie_word_embeddings": False,
 }
 
 
