@@ -58,14 +58,17 @@ class StatePool:
         # The last decode call's rows (their slots, in order) and new states per layer and
         # array, not yet written to ``bufs``.
         self.resident: tuple[tuple[int, ...], list[list[mx.array | None] | None]] | None = None
-        # Slots whose state is held: (the call's states, row, position).
+        # Slots whose state is held: (the call's states, row, position); and the calls
+        # whose held states no step has evaluated yet.
         self.held: dict[int, tuple[Held, int, int]] = {}
+        self._new: list[Held] = []
         self.reset()
 
     def reset(self) -> None:
         self.bufs = []
         self.resident = None
         self.held = {}
+        self._new = []
         gc.collect()
         mx.clear_cache()
         for spec in self.specs:
@@ -82,15 +85,18 @@ class StatePool:
         return self.num_slots * sum(s.bytes_per_seq for s in self.specs)
 
     def arrays(self) -> list[mx.array]:
+        """What a step evaluates with its outputs: the buffers, the resident states, and the
+        states held since the last call (later steps only read those)."""
         held = [x for x in self.resident[1] if x is not None] if self.resident is not None else []
-        calls = {id(h): h for h, _, _ in self.held.values()}.values()
-        kept = [x for h in calls for layer in h.values for v in layer if v for x in v]
+        kept = [x for h in self._new for layer in h.values for v in layer if v for x in v]
+        self._new = []
         return [b for layer in [*self.bufs, *held] for b in layer if b is not None] + kept
 
     def hold(self, rows: list[list[int]]) -> Held:
         """Ids ``rows[r][j]`` (past the pool's slots: engine/state_slots.py's PositionSlots)
         hold row r's states after position j of the call to come."""
         held = Held(self.specs)
+        self._new.append(held)
         for r, row in enumerate(rows):
             for j, slot in enumerate(row):
                 self.held[slot] = (held, r, j)
