@@ -9,15 +9,16 @@ state, the verify instead keeps the states after its positions ``0 .. n - 2`` un
 their own (``Segment.state_positions``; runner/state.py holds them outside the pool), and
 the request resumes from the one it needs.
 
-That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5) and Mamba-2
-(Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0, PLaMo 2): a short convolution over
-``concat(conv_state, x)``, whose state after position ``j`` is that input's ``keep`` rows
-after row ``j``, then a gated delta recurrence (run position by position,
-runner/gated_delta.py) or Mamba-2's SSD (each position's state in closed form, ``ssm_update``
-here). While a call captures, each layer's ``StepState`` is the current target (set when the
-layer reads its cache, as it does first) of its convolution's input and its recurrence's
-states. ``install`` marks the convolutions; the load check (``check``, from runner/verify.py)
-proves the states resume as mlx-lm runs, or the engine replays instead.
+That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2
+(Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0, PLaMo 2) and short convolutions alone (LFM2):
+a short convolution over ``concat(conv_state, x)``, whose state after position ``j`` is
+that input's ``keep`` rows after row ``j``, then (but in LFM2) a gated delta recurrence (run
+position by position, runner/gated_delta.py) or Mamba-2's SSD (each position's state in
+closed form, ``ssm_update`` here). While a call captures, each layer's ``StepState`` is
+the current target (set when the layer reads its cache, as it does first) of its
+convolution's input and its recurrence's states. ``install`` marks the convolutions; the
+load check (``check``, from runner/verify.py) proves the states resume as mlx-lm runs, or
+the engine replays instead.
 """
 
 from __future__ import annotations
@@ -136,26 +137,34 @@ def _capturing(cls: type) -> type:
     return _classes[cls]
 
 
+def _conv(m: nn.Module) -> nn.Conv1d | None:
+    """The short convolution of a recurrent layer whose states this module captures: beside
+    a recurrence (``A_log``, ``dt_bias``) only in a module that calls one of the ``SEAMS``;
+    else alone (a short-convolution layer: LFM2)."""
+    convs = [getattr(m, n, None) for n in ("conv1d", "conv")]
+    conv = next((c for c in convs if isinstance(c, nn.Conv1d)), None)
+    if conv is None:
+        return None
+    if hasattr(m, "A_log") or hasattr(m, "dt_bias"):
+        module = sys.modules.get(type(m).__module__)
+        return conv if any(hasattr(module, seam) for seam in SEAMS) else None
+    return conv
+
+
 def install(model: nn.Module, recurrent_layers: int) -> bool:
-    """Mark the convolutions of the model's Gated DeltaNet and Mamba-2 layers (a ``conv1d``
-    beside ``A_log`` and ``dt_bias``, in a module that calls ``gated_delta_update`` or
-    ``ssm_update``, which captures through ``ssm_update`` here); True when
-    there is one such layer per recurrent layer. ``TANDEM_STATE_POSITIONS=0`` turns them
-    off (rejected proposals replay, as for other recurrent layers)."""
+    """Mark the convolutions of the model's Gated DeltaNet, Mamba-2 and short-convolution
+    layers (a ``conv1d`` beside ``A_log`` and ``dt_bias``, in a module that calls
+    ``gated_delta_update`` or ``ssm_update``, which captures through ``ssm_update`` here; or a
+    ``conv`` or ``conv1d`` alone); True when there is one such layer per recurrent layer (a
+    layer with any other state fails the load check's resume, and the engine replays).
+    ``TANDEM_STATE_POSITIONS=0`` turns them off (rejected proposals replay, as for other
+    recurrent layers)."""
     if os.environ.get("TANDEM_STATE_POSITIONS") == "0":
         return False
-    found = [
-        m
-        for m in model.modules()
-        if isinstance(getattr(m, "conv1d", None), nn.Conv1d)
-        and hasattr(m, "A_log")
-        and hasattr(m, "dt_bias")
-        and any(hasattr(sys.modules.get(type(m).__module__), seam) for seam in SEAMS)
-    ]
+    found = [(m, conv) for m in model.modules() if (conv := _conv(m)) is not None]
     if not found or len(found) != recurrent_layers:
         return False
-    for m in found:
-        conv = m.conv1d
+    for m, conv in found:
         conv.__class__ = _capturing(type(conv))
         module = sys.modules[type(m).__module__]
         if getattr(module, "ssm_update", None) is mlx_ssm.ssm_update:

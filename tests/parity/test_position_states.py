@@ -106,3 +106,18 @@ def test_per_position_states_that_resume_wrongly_are_refused_at_load(
     assert "per-position states it disagreed with mlx-lm" in caplog.text
     assert not any(s.state_positions for s in segments)
     assert outs == [reference(path, p, N) for p in prompts]
+
+
+def test_short_convolution_layers_resume_too(tmp_path, monkeypatch):
+    """LFM2's layers keep only a convolution window: held per position the same way."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    path = make_zoo_model(tmp_path / "lfm2", "lfm2")
+    prompts = _prompts()[:3]
+    oracle(monkeypatch, path, prompts, seed=25)
+    llm, outs, segments = _run(path, prompts)
+    assert llm.engine.scheduler.config.speculation.per_position
+    assert outs == [reference(path, p, N) for p in prompts]
+    assert any(s.state_positions for s in segments)
+    assert not any(s.state_backup >= 0 for s in segments)
+    assert any(s.state_src >= 0 for s in segments)  # resumes (no prefix cache here)
