@@ -9,10 +9,11 @@ state, the verify instead keeps the states after its positions ``0 .. n - 2`` un
 their own (``Segment.state_positions``; runner/state.py holds them outside the pool), and
 the request resumes from the one it needs.
 
-That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5), Mamba-2
-(Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0, PLaMo 2) and short convolutions alone (LFM2):
-a short convolution over ``concat(conv_state, x)``, whose state after position ``j`` is
-that input's ``keep`` rows after row ``j``, then (but in LFM2) a gated delta recurrence (run
+That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi Linear,
+OLMo Hybrid, Ling (bailing_moe_v3)), Mamba-2 (Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0,
+PLaMo 2) and short convolutions alone (LFM2): short convolutions (one, or q, k and v) over
+``concat(conv_state, x)``, whose state after position ``j`` is that input's ``keep`` rows
+after row ``j``, then (but in LFM2) a gated delta recurrence (run
 position by position, runner/gated_delta.py) or Mamba-2's SSD (each position's state in
 closed form, ``ssm_update`` here). While a call captures, each layer's ``StepState`` is
 the current target (set when the layer reads its cache, as it does first) of its
@@ -36,23 +37,27 @@ if TYPE_CHECKING:
 
 
 class Capture:
-    """What one recurrent layer's call left to read per position: its convolution's input
-    (B, keep + T, C) and its recurrence's state after each position (each (B, ...), arrays of
+    """What one recurrent layer's call left to read per position: its convolutions' inputs
+    (B, keep + T, C), in the order they ran (that of the cache entries they keep: q, k, v in
+    Kimi Linear), and its recurrence's state after each position (each (B, ...), arrays of
     their own, so holding one does not keep the others)."""
 
     def __init__(self) -> None:
-        self.conv: mx.array | None = None
+        self.convs: list[mx.array] = []
         self.states: list[mx.array] | None = None
+        self._read = 0  # convolution entries given so far
 
     def per_position(self, new: mx.array, m: int) -> list[mx.array]:
-        """The entry whose value after the call is ``new`` (B, ...), after each of the
-        call's first ``m`` positions."""
-        s, c = self.states, self.conv
+        """The next cache entry (in entry order) whose value after the call is ``new``
+        (B, ...), after each of the call's first ``m`` positions."""
+        s = self.states
         if s is not None and len(s) >= m and new.shape == s[0].shape:
             return s[:m]
-        if c is not None and new.ndim == 3 and new.shape[::2] == c.shape[::2]:
-            keep = new.shape[1]
-            if c.shape[1] - keep >= m:
+        if self._read < len(self.convs):
+            c = self.convs[self._read]
+            keep = new.shape[1] if new.ndim == 3 else 0
+            if keep and new.shape[::2] == c.shape[::2] and c.shape[1] - keep >= m:
+                self._read += 1
                 return [c[:, j + 1 : j + 1 + keep] for j in range(m)]
         raise RuntimeError(
             f"no per-position value for a recurrent cache entry of shape {new.shape}"
@@ -130,43 +135,56 @@ def _capturing(cls: type) -> type:
         def __call__(self, x: mx.array) -> mx.array:  # noqa: N807 - the module's call
             capture = _target[0]
             if capture is not None:
-                capture.conv = x
+                capture.convs.append(x)
             return cls.__call__(self, x)
 
         _classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
     return _classes[cls]
 
 
-def _conv(m: nn.Module) -> nn.Conv1d | None:
-    """The short convolution of a recurrent layer whose states this module captures: beside
-    a recurrence (``A_log``, ``dt_bias``) only in a module that calls one of the ``SEAMS``;
-    else alone (a short-convolution layer: LFM2)."""
-    convs = [getattr(m, n, None) for n in ("conv1d", "conv")]
-    conv = next((c for c in convs if isinstance(c, nn.Conv1d)), None)
-    if conv is None:
-        return None
-    if hasattr(m, "A_log") or hasattr(m, "dt_bias"):
+def _layers(model: nn.Module) -> list[list[nn.Conv1d]]:
+    """The short convolutions of each recurrent layer whose states a call can capture: a
+    recurrence (``A_log``, ``dt_bias``) in a module that calls one of the ``SEAMS``, with the
+    convolutions inside it (one, or q, k and v); or a ``conv`` or ``conv1d`` alone (a
+    short-convolution layer: LFM2) outside any recurrence."""
+    layers: list[list[nn.Conv1d]] = []
+    taken: set[int] = set()
+    for m in model.modules():
+        if not (hasattr(m, "A_log") and hasattr(m, "dt_bias")):
+            continue
         module = sys.modules.get(type(m).__module__)
-        return conv if any(hasattr(module, seam) for seam in SEAMS) else None
-    return conv
+        convs = [c for _, c in m.named_modules() if isinstance(c, nn.Conv1d)]
+        taken |= {id(c) for c in convs}
+        if any(hasattr(module, seam) for seam in SEAMS):
+            layers.append(convs)
+    for m in model.modules():
+        if hasattr(m, "A_log"):
+            continue
+        convs = [getattr(m, n, None) for n in ("conv1d", "conv")]
+        conv = next((c for c in convs if isinstance(c, nn.Conv1d)), None)
+        if conv is not None and id(conv) not in taken:
+            layers.append([conv])
+            taken.add(id(conv))
+    return layers
 
 
 def install(model: nn.Module, recurrent_layers: int) -> bool:
     """Mark the convolutions of the model's Gated DeltaNet, Mamba-2 and short-convolution
-    layers (a ``conv1d`` beside ``A_log`` and ``dt_bias``, in a module that calls
-    ``gated_delta_update`` or ``ssm_update``, which captures through ``ssm_update`` here; or a
-    ``conv`` or ``conv1d`` alone); True when there is one such layer per recurrent layer (a
-    layer with any other state fails the load check's resume, and the engine replays).
+    layers (``_layers``; ``ssm_update`` captures through the one here); True when there is
+    one such layer per recurrent layer (a layer with any other state fails the load check's
+    resume, and the engine replays).
     ``TANDEM_STATE_POSITIONS=0`` turns them off (rejected proposals replay, as for other
     recurrent layers)."""
     if os.environ.get("TANDEM_STATE_POSITIONS") == "0":
         return False
-    found = [(m, conv) for m in model.modules() if (conv := _conv(m)) is not None]
-    if not found or len(found) != recurrent_layers:
+    layers = _layers(model)
+    if not layers or len(layers) != recurrent_layers:
         return False
-    for m, conv in found:
-        conv.__class__ = _capturing(type(conv))
-        module = sys.modules[type(m).__module__]
+    for convs in layers:
+        for conv in convs:
+            conv.__class__ = _capturing(type(conv))
+    for m in model.modules():
+        module = sys.modules.get(type(m).__module__)
         if getattr(module, "ssm_update", None) is mlx_ssm.ssm_update:
             module.__dict__["ssm_update"] = ssm_update
     return True

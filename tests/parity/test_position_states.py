@@ -94,7 +94,7 @@ def test_per_position_states_that_resume_wrongly_are_refused_at_load(
     per_position = positions.Capture.per_position
 
     def late(self, new, m):
-        return per_position(self, new, m + 1)[:, 1:]
+        return per_position(self, new, m + 1)[1:]
 
     monkeypatch.setattr(positions.Capture, "per_position", late)
     path = family_model_dir("qwen3_next")
@@ -108,11 +108,13 @@ def test_per_position_states_that_resume_wrongly_are_refused_at_load(
     assert outs == [reference(path, p, N) for p in prompts]
 
 
-def test_short_convolution_layers_resume_too(tmp_path, monkeypatch):
-    """LFM2's layers keep only a convolution window: held per position the same way."""
+@pytest.mark.parametrize("model_type", ["lfm2", "kimi_linear"])
+def test_other_convolution_layouts_resume_too(tmp_path, monkeypatch, model_type):
+    """LFM2's layers keep only a convolution window; Kimi Linear's three (q, k, v) beside
+    the gated delta state: held per position the same way."""
     from tandem.testing.model_zoo import make_zoo_model
 
-    path = make_zoo_model(tmp_path / "lfm2", "lfm2")
+    path = make_zoo_model(tmp_path / model_type, model_type)
     prompts = _prompts()[:3]
     oracle(monkeypatch, path, prompts, seed=25)
     llm, outs, segments = _run(path, prompts)
