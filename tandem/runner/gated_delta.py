@@ -93,6 +93,7 @@ def active() -> Iterator[None]:
         yield
     finally:
         _active[0] = False
+        positions.aim(None)  # (a call that raised leaves no capture behind)
 
 
 def _build():

@@ -130,6 +130,8 @@ _classes: dict[type, type] = {}
 
 def _capturing(cls: type) -> type:
     """``cls`` (a convolution module) whose call gives its input to the current capture."""
+    if getattr(cls, "_tandem_capturing", False):
+        return cls  # (marked already)
     if cls not in _classes:
 
         def __call__(self, x: mx.array) -> mx.array:  # noqa: N807 - the module's call
@@ -138,7 +140,9 @@ def _capturing(cls: type) -> type:
                 capture.convs.append(x)
             return cls.__call__(self, x)
 
-        _classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
+        _classes[cls] = type(
+            f"Capturing{cls.__name__}", (cls,), {"__call__": __call__, "_tandem_capturing": True}
+        )
     return _classes[cls]
 
 
@@ -190,19 +194,22 @@ def install(model: nn.Module, recurrent_layers: int) -> bool:
     return True
 
 
-def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, float]:
+def check(runner: ModelRunner, prompts: list[list[int]], page: int) -> tuple[float, float]:
     """Resumed from the states a verify kept at its positions, against mlx-lm: two requests
-    of ``prompt`` (9 tokens) prefill 4 tokens and verify the other 5 in one (2, 5) call,
-    keeping the states after positions 4 .. 7 under ids past the scratch pool's 2 slots; then
-    one decodes the 7th token from the state after the 6th while the other runs the 7th to
-    9th from it as one segment. The largest difference of log-probabilities and the
+    of 9 tokens (``prompts``) prefill 4 tokens and verify the other 5 in one (2, 5) batch,
+    cut after its first position where each keeps a snapshot (as a verify beside the prefix
+    cache's checkpoint runs: a piece of one token, then one of four), keeping the states
+    after positions 4 .. 7 under ids past the scratch pool's 4 slots; then one decodes its
+    6th token from the state after its 5th while the other runs its 8th and 9th from the
+    state after its 7th as one segment. The largest difference of log-probabilities and the
     reference's spread."""
     from tandem.engine.plan import RowSampling, Segment, StepPlan
     from tandem.runner.paged import PagePool
     from tandem.runner.state import StatePool
     from tandem.runner.verify import _logprobs, _reference
 
-    model, a = runner.model, prompt
+    model = runner.model
+    tokens = dict(zip("ab", prompts, strict=True))
     saved = runner.pool, runner.state_pool
     window = bool(runner.max_window)
     runner.pool = PagePool(
@@ -213,14 +220,14 @@ def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, flo
         inplace=bool(saved[0] and saved[0].inplace),
         window_pages=6 if window else 0,
     )
-    runner.state_pool = StatePool(runner.state_specs, 2)
+    runner.state_pool = StatePool(runner.state_specs, 4)
     none = RowSampling((), (), (), ())
     pages = {"a": (0, 1, 2), "b": (3, 4, 5)}
 
     def seg(rid: str, start: int, n: int, **kw) -> Segment:
-        tokens = tuple(a[start : start + n])
+        ids = tuple(tokens[rid][start : start + n])
         wp = pages[rid] if window else ()
-        return Segment(rid, start, n, tokens, pages[rid], wpages=wp, **kw)
+        return Segment(rid, start, n, ids, pages[rid], wpages=wp, **kw)
 
     def step(i: int, segs: list[Segment], head: list[int]) -> mx.array:
         inputs = mx.array([t for s in segs for t in s.token_ids], dtype=mx.int32)
@@ -229,16 +236,17 @@ def check(runner: ModelRunner, prompt: list[int], page: int) -> tuple[float, flo
     try:
         step(1, [seg("a", 0, 4, state_slot=0), seg("b", 0, 4, state_slot=1)], [3, 7])
         verify = [
-            seg("a", 4, 5, state_slot=0, state_positions=(2, 3, 4, 5)),
-            seg("b", 4, 5, state_slot=1, state_positions=(6, 7, 8, 9)),
+            seg("a", 4, 5, state_slot=0, state_positions=(4, 5, 6, 7), snapshots=((5, 2),)),
+            seg("b", 4, 5, state_slot=1, state_positions=(8, 9, 10, 11), snapshots=((5, 3),)),
         ]
         step(2, verify, [4, 9])
         resumed = [
-            seg("a", 6, 1, state_slot=0, state_src=3),
-            seg("b", 6, 3, state_slot=1, state_src=7),
+            seg("a", 5, 1, state_slot=0, state_src=4),
+            seg("b", 7, 2, state_slot=1, state_src=10),
         ]
-        got = step(3, resumed, [0, 1, 2, 3])
-        want = mx.concatenate([_reference(model, a[:7], 6), _reference(model, a, 6)])
+        got = step(3, resumed, [0, 1, 2])
+        a, b = prompts
+        want = mx.concatenate([_reference(model, a[:6], 5), _reference(model, b, 7)])
         got_lp, want_lp = _logprobs(got), _logprobs(want)
         diff = mx.max(mx.abs(got_lp - want_lp)).item()
         spread = max(mx.std(want_lp).item(), 1e-6)

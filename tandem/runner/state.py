@@ -35,10 +35,23 @@ from tandem.runner.layers import StateSpec
 
 
 class Held:
-    """One call's states after each position: per layer and array, m arrays (B, ...)."""
+    """One call's states after each position: per layer and array, m arrays (B, ...); and
+    per position the rows whose ids still hold it (a position's arrays go with its last)."""
 
-    def __init__(self, specs: list[StateSpec]) -> None:
-        self.values: list[list[list[mx.array] | None]] = [[None] * len(s.entries) for s in specs]
+    def __init__(self, specs: list[StateSpec], rows: list[list[int]]) -> None:
+        self.values: list[list[list[mx.array | None] | None]] = [
+            [None] * len(s.entries) for s in specs
+        ]
+        m = max((len(r) for r in rows), default=0)
+        self.holders = [{r for r, row in enumerate(rows) if j < len(row)} for j in range(m)]
+
+    def release(self, r: int, j: int) -> None:
+        self.holders[j].discard(r)
+        if not self.holders[j]:
+            for layer in self.values:
+                for per in layer:
+                    if per is not None:
+                        per[j] = None
 
 
 class Reads:
@@ -47,6 +60,7 @@ class Reads:
     def __init__(self, pool: StatePool, slots: list[int]) -> None:
         self.slots = slots
         self.held = any(s in pool.held for s in slots)
+        assert self.held or all(0 <= s < pool.num_slots for s in slots), f"no state in {slots}"
         self.idx = None if self.held else mx.array(slots, dtype=mx.int32)
 
 
@@ -88,14 +102,15 @@ class StatePool:
         """What a step evaluates with its outputs: the buffers, the resident states, and the
         states held since the last call (later steps only read those)."""
         held = [x for x in self.resident[1] if x is not None] if self.resident is not None else []
-        kept = [x for h in self._new for layer in h.values for v in layer if v for x in v]
+        kept = [x for h in self._new for layer in h.values for v in layer or () for x in v or ()]
+        kept = [x for x in kept if x is not None]
         self._new = []
         return [b for layer in [*self.bufs, *held] for b in layer if b is not None] + kept
 
     def hold(self, rows: list[list[int]]) -> Held:
         """Ids ``rows[r][j]`` (past the pool's slots: engine/state_slots.py's PositionSlots)
         hold row r's states after position j of the call to come."""
-        held = Held(self.specs)
+        held = Held(self.specs, rows)
         self._new.append(held)
         for r, row in enumerate(rows):
             for j, slot in enumerate(row):
@@ -105,7 +120,10 @@ class StatePool:
     def forget(self, slots: tuple[int, ...]) -> None:
         """Let go of the states these ids held (the engine freed them)."""
         for slot in slots:
-            self.held.pop(slot, None)
+            entry = self.held.pop(slot, None)
+            if entry is not None:
+                held, r, j = entry
+                held.release(r, j)
 
     def gather(self, layer: int, k: int, reads: Reads) -> mx.array:
         """Array ``k`` of ``layer`` for these slots, (len(slots), ...)."""
@@ -118,8 +136,9 @@ class StatePool:
             if s in self.held:
                 held, r, j = self.held[s]
                 value = held.values[layer][k]
-                assert value is not None, f"slot {s}: no state held for layer {layer}"
-                parts.append(value[j][r])
+                state = None if value is None else value[j]
+                assert state is not None, f"slot {s}: no state held for layer {layer}"
+                parts.append(state[r])
             else:
                 assert s < self.num_slots, f"slot {s} holds no state"
                 parts.append(buf[s])

@@ -33,6 +33,7 @@ PROMPT_A = [5, 9, 14, 3, 27, 7, 8, 11, 2]  # 8 prefilled, the 9th decoded
 PROMPT_B = [4, 6, 13, 21, 10]
 RESUMED_D = [12, 19, 1, 23, 17]  # after PROMPT_A's first 8 tokens
 FRESH_E = [8, 15, 2, 30, 6]  # as long as PROMPT_B
+PROMPT_F = [3, 17, 22, 8, 5, 13, 29, 1, 10]  # beside PROMPT_A in positions.check
 PAGE = 4
 # Largest |difference| of log-probabilities, over the reference's spread, taken as agreement:
 # another summation order stays far below (float32 on the CPU: < 1e-4; on the H200's CUDA
@@ -107,7 +108,8 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
         )
     if runner.state_positions:
         try:
-            diff, spread = positions.check(runner, [t % runner.vocab_size for t in PROMPT_A], PAGE)
+            pair = [[t % runner.vocab_size for t in p] for p in (PROMPT_A, PROMPT_F)]
+            diff, spread = positions.check(runner, pair, PAGE)
             error = None if diff <= tol * spread else f"log-probabilities differ by {diff:.3g}"
         except Exception as e:  # noqa: BLE001 - any failure: verifies replay instead
             error = f"{type(e).__name__}: {e}"
