@@ -166,6 +166,12 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
             backups,
             runner.state_bytes_per_seq / 2**20,
         )
+    if state_slots and speculation.per_position:
+        log.info(
+            "speculative verifies keep their states per position (no replays): up to %d "
+            "held outside the pool",
+            2 * speculation.num_tokens * speculation.max_batch,
+        )
     log.info(
         "KV pool %d pages of %d tokens (%.1f MiB, %d B/token, %s); max_model_len %d",
         num_pages,
