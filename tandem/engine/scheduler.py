@@ -21,7 +21,7 @@ from tandem.engine.plan import DraftQuery, Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
 from tandem.engine.speculation import SpecConfig
-from tandem.engine.state_slots import PositionSlots, Snapshots, StateSlots
+from tandem.engine.state_slots import state_managers
 from tandem.outputs import EngineOutput
 
 DEFAULT_PAGE_SIZE = 16
@@ -45,8 +45,7 @@ class SchedulerConfig:
     state_slots: int = 0
     state_snapshots: int = 0
     speculation: SpecConfig = SpecConfig()
-    # Ids of verifies' states per position (speculation.per_position), after those slots.
-    state_positions: int = 0
+    state_positions: int = 0  # ids of verifies' states per position, after those slots
     # Sliding-window layers' own page group (engine/kv_manager.py): the widest window in
     # positions and the group's pages (0: no group; those layers use the full pages).
     window: int = 0
@@ -72,8 +71,8 @@ class CacheStats:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        snapshots = (
-            Snapshots(config.state_slots, config.state_snapshots) if config.state_slots else None
+        self.state_slots, snapshots, positions = state_managers(
+            config.state_slots, config.state_snapshots, config.state_positions
         )
         self.kv = KVManager(
             config.num_pages,
@@ -82,9 +81,7 @@ class Scheduler:
             snapshots=snapshots,
             window=config.window,
             window_pages=config.window_pages,
-            positions=PositionSlots(config.state_slots + config.state_snapshots, n)
-            if (n := config.state_positions)
-            else None,
+            positions=positions,
         )
         if config.state_slots and config.speculation.enabled:
             assert self.kv.states is not None, "recurrent verifies need snapshot slots"
@@ -100,9 +97,7 @@ class Scheduler:
         self._admitted = 0
         self._pending: list[EngineOutput] = []  # outputs not tied to a step (aborts, errors)
         self._waiting_ids: set[str] = set()
-        self.state_slots = StateSlots(config.state_slots) if config.state_slots else None
-        # The draft model (config.speculation.draft), set by the engine.
-        self.proposer: drafting.Proposer | None = None
+        self.proposer: drafting.Proposer | None = None  # the draft model, set by the engine
         self.acceptance = speculation.Acceptance()  # of recent verifies, engine-wide
 
     # ---- intake -------------------------------------------------------------------------
@@ -241,12 +236,7 @@ class Scheduler:
             pos = req.num_computed
             proposal = proposals.get(req.request_id, [])
             n = 1 + len(proposal)
-            if n == 1 and req.spec_backup >= 0:  # its draft came back empty
-                kv.drop_snapshot(req.spec_backup)
-                req.spec_backup = -1
-            for slot in req.spec_positions[n - 1 :]:  # (or shorter)
-                kv.drop_snapshot(slot)
-            req.spec_positions = req.spec_positions[: n - 1]
+            speculation.fit_slots(kv, req, n)  # (its draft may have come back shorter)
             tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
             segments.append(
                 Segment(
@@ -336,8 +326,7 @@ class Scheduler:
         drafts: list[DraftQuery],
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
-        positions = self.kv.positions
-        released = positions.take_freed() if positions is not None else ()
+        released = self.kv.positions.take_freed() if self.kv.positions else ()
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens
@@ -436,11 +425,8 @@ class Scheduler:
             req.spec.draft_len = 0  # its next pages may hold anything
         self.kv.drop_snapshot(req.state_src)
         self.kv.drop_snapshot(req.checkpoint)
-        self.kv.drop_snapshot(req.spec_backup)
-        for slot in req.spec_positions:
-            self.kv.drop_snapshot(slot)
-        req.state_src = req.checkpoint = req.spec_backup = -1
-        req.spec_positions = ()
+        speculation.fit_slots(self.kv, req, 0)
+        req.state_src = req.checkpoint = -1
         req.replaying = False
         req.checkpoint_pos = 0
         req.snap_targets.clear()

@@ -319,6 +319,17 @@ def drafted_rows(segments: list[Segment]) -> dict[int, tuple[int, ...]]:
     }
 
 
+def fit_slots(kv: KVManager, req: Request, n: int) -> None:
+    """A request's verify of ``n`` tokens keeps only the state slots that many need: its
+    backup only if n > 1, states per position for its first n - 1 (n = 0: none at all)."""
+    if n <= 1 and req.spec_backup >= 0:
+        kv.drop_snapshot(req.spec_backup)
+        req.spec_backup = -1
+    for slot in req.spec_positions[max(n - 1, 0) :]:
+        kv.drop_snapshot(slot)
+    req.spec_positions = req.spec_positions[: max(n - 1, 0)]
+
+
 def back_up(sched: Scheduler, proposals: dict[str, list[int]]) -> dict[str, list[int]]:
     """A model with recurrent layers: each verify first copies the state it starts from to a
     snapshot slot, from which a rejected proposal is replayed (results.py), or, where the

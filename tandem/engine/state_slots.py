@@ -126,3 +126,15 @@ class PositionSlots:
         assert len(set(holders)) == len(holders), "two holders of one position slot"
         assert not set(holders) & set(self._free), "a position slot is free and held"
         assert len(self._free) + len(holders) == self.num, "position slots lost"
+
+
+def state_managers(
+    slots: int, snapshots: int, positions: int
+) -> tuple[StateSlots | None, Snapshots | None, PositionSlots | None]:
+    """The scheduler's managers of a recurrent model's state pool: the running requests'
+    slots, the snapshot slots after them and the per-position ids after those (None where
+    the model has no recurrent layers, or there are no such ids)."""
+    if not slots:
+        return None, None, None
+    ids = PositionSlots(slots + snapshots, positions) if positions else None
+    return StateSlots(slots), Snapshots(slots, snapshots), ids
