@@ -262,7 +262,9 @@ def install(model: nn.Module) -> bool:
     modules = [
         sys.modules[n]
         for n in names
-        if n in sys.modules and getattr(sys.modules[n], SEAM, None) is mlx_gd.gated_delta_update
+        # ``update`` already: a model of the same family loaded before in this process.
+        if n in sys.modules
+        and getattr(sys.modules[n], SEAM, None) in (mlx_gd.gated_delta_update, update)
     ]
     if not modules:
         return False

@@ -123,3 +123,21 @@ def test_other_convolution_layouts_resume_too(tmp_path, monkeypatch, model_type)
     assert any(s.state_positions for s in segments)
     assert not any(s.state_backup >= 0 for s in segments)
     assert any(s.state_src >= 0 for s in segments)  # resumes (no prefix cache here)
+
+
+def test_a_second_model_of_the_family_gets_the_recurrence_seam_too(family_model_dir, monkeypatch):
+    """The seam replaces the module's gated delta function once; a second model of that
+    family in the process (a benchmark's second engine, a draft of the same family) must
+    see it installed, or its load check allows for the wrong summation order."""
+    from mlx_lm.utils import load
+
+    from tandem.runner import gated_delta
+
+    monkeypatch.setattr(gated_delta, "available", lambda: True)
+    path = family_model_dir("qwen3_next")
+    first, _ = load(str(path))
+    second, _ = load(str(path))
+    try:
+        assert gated_delta.install(first) and gated_delta.install(second)
+    finally:
+        gated_delta._kernel_on[0] = False
