@@ -20,6 +20,7 @@ from tandem.runner import (
     kv_owners,
     kv_write,
     layers,
+    offsets,
     recurrent_step,
     verify,
 )
@@ -96,6 +97,7 @@ class ModelRunner:
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
+        offsets.install(model)  # positions from the cache offset through numpy (gpt_bigcode)
         self.own_recurrence = gated_delta.install(model)
         self.batch_sequences = True  # False: the load check found (B, n) calls wrong
         with mx.stream(self.stream):

@@ -199,8 +199,8 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        # Learned positions read from a scalar cache offset.
-        ("gpt_bigcode", "does not run on Tandem's paged caches"),
+        # Its n-gram embedding keeps the last token ids as a state of their own shape.
+        ("longcat_flash_ngram", "does not run on Tandem's paged caches"),
         # Masks of one window over a cache of another.
         ("plamo3", "caches a window of 8 positions but asks for masks of"),
         # Positions of its KV-reuse layers from the shared keys' length.
@@ -320,3 +320,12 @@ def test_window_group_with_quantized_pages_equals_one_group(family_model_dir):
         assert llm.engine.loop.runner.pool.window_pages == pages
         outs.append([o.token_ids for o in llm.generate(prompts, greedy(20))])
     assert outs[0] == outs[1]
+
+
+def test_learned_positions_computed_with_numpy_from_the_offset(tmp_path):
+    """gpt_bigcode takes its positions from ``np.arange`` over the cache offset, a number in
+    mlx-lm's caches and each row's position in Tandem's (runner/offsets.py): staggered
+    batches, overlap on and off, token-exact with mlx-lm."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    staggered_three_ways(make_zoo_model(tmp_path / "gpt_bigcode", "gpt_bigcode"), "bigcode")
