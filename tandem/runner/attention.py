@@ -76,7 +76,7 @@ def paged_sdpa(queries, keys, values, cache, scale: float, mask, sinks=None):
             queries, keys, values, scale=scale, mask=mask, sinks=sinks
         )
     pool = cache.state
-    view = cache.ctx.view(cache.spec.window, kernel=sinks is None)
+    view = cache.ctx.view(cache.spec.span, kernel=sinks is None)
     if cache.ctx.sequence:  # (B, H, n, D) -> (B n, H, 1, D) and back
         b, _, n, _ = queries.shape
         flat = [flat_tokens(x)[:, :, None, :] for x in (queries, keys, values)]

@@ -3,10 +3,11 @@
 The kind comes from the model's own declaration, ``model.make_cache()`` (mlx-lm's cache
 objects): ``KVCache`` is full attention, ``RotatingKVCache(max_size=W)`` a sliding window of W
 positions (the token itself and the W - 1 before it, as mlx-lm's rotating cache and its
-windowed mask give), ``ArraysCache`` a recurrent state (``runner.state``), ``CacheList`` a
-composite of those. Every other cache kind (chunked, quantized or layer-shared caches) is
-refused at load, naming the model type, the layer and the kind, before anything reaches a
-step.
+windowed mask give), ``ChunkedKVCache(C)`` llama4's chunked attention (each query reads the
+positions of its chunk of C: kept as a window of C, read from the chunk's start),
+``ArraysCache`` a recurrent state (``runner.state``), ``CacheList`` a composite of those.
+Every other cache kind (quantized or layer-shared caches) is refused at load, naming the
+model type, the layer and the kind, before anything reaches a step.
 
 A probe then runs one token through the model with caches that record every array each layer
 stores and what its attention does with them:
@@ -46,6 +47,13 @@ class LayerSpec:
     dtype: mx.Dtype
     window: int | None = None
     dense: bool = False
+    chunked: bool = False  # the window is llama4's chunk: positions since its chunk's start
+
+    @property
+    def span(self) -> int | None:
+        """What its attention reads, as step_context's views take it: None (everything),
+        W > 0 (a sliding window of W), -C (the query's chunk of C, runner.step_context)."""
+        return -self.window if self.chunked and self.window else self.window
 
     @property
     def width(self) -> int:
@@ -66,14 +74,17 @@ class LayerSpec:
         if self.unused:
             return "unused"
         base = "full" if self.window is None else f"window {self.window}"
+        base = f"chunks of {self.window}" if self.chunked else base
         return f"{base}, {'dense' if self.dense else 'paged'}"
 
 
 @dataclass(frozen=True)
 class Attn:
-    """A KV cache layer: full attention (window None) or a sliding window."""
+    """A KV cache layer: full attention (window None), a sliding window, or chunked
+    attention (llama4: each query reads its chunk of ``window`` positions)."""
 
     window: int | None = None
+    chunked: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,19 @@ def declared_layout(model: nn.Module, model_type: str) -> list[Node] | None:
 
 
 def _node(c, where: str, model_type: str) -> Node:
-    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+    from mlx_lm.models.cache import (
+        ArraysCache,
+        CacheList,
+        ChunkedKVCache,
+        KVCache,
+        RotatingKVCache,
+    )
 
     kind = type(c).__name__
     if type(c) is KVCache:
         return Attn()
+    if type(c) is ChunkedKVCache:
+        return Attn(int(c.chunk_size), chunked=True)
     if type(c) is RotatingKVCache and not c.keep:
         return Attn(int(c.max_size))
     if type(c) is ArraysCache:
@@ -125,8 +144,8 @@ def _node(c, where: str, model_type: str) -> Node:
         kind += f" with keep={c.keep}"
     raise ValueError(
         f"model type {model_type!r}: layer {where} needs cache kind {kind}, which Tandem "
-        "does not serve yet (it serves KVCache, RotatingKVCache, ArraysCache and CacheList "
-        "layers)"
+        "does not serve yet (it serves KVCache, RotatingKVCache, ChunkedKVCache, ArraysCache "
+        "and CacheList layers)"
     )
 
 
@@ -261,6 +280,7 @@ def probe_layers(
             raise ValueError(f"model type {model_type!r}: state layer {j} keeps no state")
         state_specs.append(StateSpec(entries))
     windows = [n.window for n in _flat(layout) if isinstance(n, Attn)]
+    chunked = [n.chunked for n in _flat(layout) if isinstance(n, Attn)]
     specs = []
     if attns and all(c.stored is None for c in attns):
         raise ValueError(
@@ -272,7 +292,7 @@ def probe_layers(
             # A declared cache the layer never uses (nemotron-nas: attention replaced by a
             # linear layer): no pool entries. One another layer's KV was meant to reach
             # would compute wrong scores, which the load check refuses.
-            specs.append(LayerSpec(0, 0, 0, 0, mx.float32, window=windows[i]))
+            specs.append(LayerSpec(0, 0, 0, 0, mx.float32, window=windows[i], chunked=chunked[i]))
             continue
         k, v = c.stored
         if k.ndim != 4 or v.ndim != 4 or k.shape[2] != 1 or v.shape[2] != 1:
@@ -297,6 +317,7 @@ def probe_layers(
                 dtype=k.dtype,
                 window=windows[i],
                 dense=not (same and c.seam_ok),
+                chunked=chunked[i],
             )
         )
     return layout, specs, state_specs, int(logits.shape[-1])

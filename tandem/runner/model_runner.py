@@ -14,13 +14,13 @@ import numpy as np
 from tandem.engine.grammar import words_for
 from tandem.engine.plan import StepPlan, StepResult
 from tandem.runner import (
+    adapters,
     attention,
     gated_delta,
     kernel_check,
     kv_owners,
     kv_write,
     layers,
-    offsets,
     recurrent_step,
     verify,
 )
@@ -97,7 +97,7 @@ class ModelRunner:
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         attention.install(model)
-        offsets.install(model)  # positions from the cache offset through numpy (gpt_bigcode)
+        adapters.install(model)  # model code that takes the cache offset as a number
         self.own_recurrence = gated_delta.install(model)
         self.batch_sequences = True  # False: the load check found (B, n) calls wrong
         with mx.stream(self.stream):

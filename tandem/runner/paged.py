@@ -229,7 +229,7 @@ class PagedCache:
         if not self.spec.dense:
             return self._returned(keys, values)
         s = self.spec
-        view = self.ctx.dense(s.window)
+        view = self.ctx.dense(s.span)
         t, width = view.slots.shape
         x = kv_quant.take(self.pool.layer(self.layer), view.slots, self.token)  # (T, L, width)
         split = s.k_heads * s.k_dim
@@ -256,7 +256,7 @@ class PagedCache:
         assert n == 1 or self.ctx.sequence, "a paged step feeds one token per batch entry"
         if not any(s.dense for s in self.pool.specs):
             return None
-        return self.ctx.dense(window_size or self.spec.window).mask
+        return self.ctx.dense(window_size or self.spec.span).mask
 
     @property
     def state(self) -> Buffer:

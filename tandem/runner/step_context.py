@@ -26,6 +26,18 @@ from tandem.runner import kernels
 MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
 
 
+def first_key(pos, span: int | None):
+    """The first position a query at ``pos`` (a number or a numpy array) attends to, for a
+    layer that reads ``span`` (``LayerSpec.span``): everything (None), a sliding window of W
+    (W > 0: the query and the W - 1 before it) or its chunk of C (-C: llama4's chunked
+    attention, from the chunk's first position)."""
+    if span is None:
+        return 0 * pos
+    if span < 0:
+        return pos // -span * -span
+    return np.maximum(0, pos - span + 1)
+
+
 class DecodeGroup:
     """Single-token segments attended together: queries at ``rows`` over their own pages
     (``tables``, padded with page 0). Row j's keys are gathered positions
@@ -215,7 +227,7 @@ class StepContext:
                 # of 4 verifies cost 2.5x a decode step that way). The gather path keeps it
                 # a chunk: one gather of its history, not one per position.
                 for i, end in enumerate(range(seg.start + 1, seg.end + 1)):
-                    lo = 0 if window is None else max(0, end - window)
+                    lo = int(first_key(end - 1, window))
                     first_page = lo // p
                     decode_idx.append(t + i)
                     lengths.append(end - first_page * p)
@@ -257,16 +269,19 @@ class StepContext:
     def _chunk(self, seg, first: int, window: int | None) -> ChunkItem:
         """Queries at positions [start, end) over keys [lo, end): all earlier positions, or
         the last ``window`` of each query's."""
-        lo = 0 if window is None else max(0, seg.start - window + 1)
-        if seg.start == 0 and (window is None or seg.end <= window):
+        lo = int(first_key(seg.start, window))
+        last = int(first_key(seg.end - 1, window))  # the last query's first key
+        if seg.start == 0 and last == 0:
             return ChunkItem(first, seg.num_tokens, None)
         table = self._table(seg, window)
         slots = None if seg.start == 0 else mx.array(_slots(table, lo, seg.end, self.page_size))
-        if window is None or seg.end - window <= lo:  # no query reaches past its window
+        if last == lo:  # every query reads from the same first key: causal alone
             return ChunkItem(first, seg.num_tokens, slots)
         q = np.arange(seg.start, seg.end)[:, None]
         k = np.arange(lo, seg.end)[None]
-        return ChunkItem(first, seg.num_tokens, slots, mx.array((k <= q) & (k > q - window)))
+        return ChunkItem(
+            first, seg.num_tokens, slots, mx.array((k <= q) & (k >= first_key(q, window)))
+        )
 
     def dense(self, window: int | None) -> DenseView:
         """Per token: the pool slots of positions [lo, pos] of its own request (lo: 0, or
@@ -277,7 +292,7 @@ class StepContext:
             # a causal (and windowed) mask: (n, L) for one sequence, else (B, 1, n, L) (or
             # (B, 1, 1, n, L) where the model's mask is of rank 5).
             segs = self.segments
-            los = [0 if window is None else max(0, s.start - window + 1) for s in segs]
+            los = [int(first_key(s.start, window)) for s in segs]
             width = max(s.end - lo for s, lo in zip(segs, los, strict=True))
             n = segs[0].num_tokens
             slots = np.zeros((len(segs), width), dtype=np.int32)
@@ -285,7 +300,7 @@ class StepContext:
             for b, (seg, lo) in enumerate(zip(segs, los, strict=True)):
                 q = np.arange(seg.start, seg.end)[:, None]
                 k = np.arange(lo, seg.end)[None]
-                m = (k <= q) & (True if window is None else (k > q - window))
+                m = (k <= q) & (k >= first_key(q, window))
                 mask[b, :, : seg.end - lo] = m
                 slots[b, : seg.end - lo] = _slots(self._table(seg, window), lo, seg.end, p)
             lead = (len(segs),) + (1,) * (self.mask_rank - 3)
@@ -295,7 +310,7 @@ class StepContext:
             rows, counts = [], []
             for seg in self.segments:
                 for pos in range(seg.start, seg.end):
-                    lo = 0 if window is None else max(0, pos - window + 1)
+                    lo = int(first_key(pos, window))
                     rows.append(_slots(self._table(seg, window), lo, pos + 1, p))
                     counts.append(pos + 1 - lo)
             width = max(counts)

@@ -12,11 +12,14 @@ Models whose layers attend over another layer's KV come from the model zoo's tin
 their own kind, window or global) and iquestloopcoder (a second loop attends over the first
 loop's keys, and over its own within a window). So does deepseek_v32 (``SPARSE``): an MLA
 latent cache beside a lightning indexer's key cache, whose top-16 keys each token attends
-to once its history is longer.
+to once its history is longer. llama4 (``CHUNKED``) attends in chunks of 8 positions in three
+of its four layers (``ChunkedKVCache``); its global layer scales queries by a temperature of
+their position, whose floor scale is lowered to 4 here so that it varies.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +131,8 @@ RECURRENT = ("falcon_h1", "mamba2", "qwen3_next")
 SHARED_KV = ("gemma3n", "gemma4_text", "iquestloopcoder")
 # DeepSeek sparse attention: its indexer picks the keys each token attends to (top 16).
 SPARSE = ("deepseek_v32",)
+# Chunked attention (llama4), from the model zoo's tiny config.
+CHUNKED = ("llama4",)
 
 
 def family_config(model_type: str) -> dict[str, Any]:
@@ -140,12 +145,18 @@ def family_config(model_type: str) -> dict[str, Any]:
 
 
 def make_family_model(path: Path, model_type: str, *, seed: int = 0) -> Path:
-    """Write a tiny float32 ``model_type`` model (one of FAMILIES, SHARED_KV or SPARSE)
-    into ``path``."""
-    if model_type in SHARED_KV + SPARSE:
+    """Write a tiny float32 ``model_type`` model (one of FAMILIES, SHARED_KV, SPARSE or
+    CHUNKED) into ``path``."""
+    if model_type in SHARED_KV + SPARSE + CHUNKED:
         from tandem.testing.model_zoo import make_zoo_model
 
-        return make_zoo_model(Path(path), model_type, seed=seed)
+        out = make_zoo_model(Path(path), model_type, seed=seed)
+        if model_type in CHUNKED:
+            config = json.loads((out / "config.json").read_text())
+            assert config["text_config"]["attention_chunk_size"] == WINDOW
+            config["text_config"]["floor_scale"] = 4
+            (out / "config.json").write_text(json.dumps(config))
+        return out
     return tiny_models._write_model(
         Path(path), family_config(model_type), seed, "float32", _BASE["vocab_size"]
     )

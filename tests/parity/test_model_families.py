@@ -9,10 +9,10 @@ import random
 import pytest
 
 from tandem import LLM
-from tandem.testing.families import FAMILIES, RECURRENT, SHARED_KV, SPARSE, WINDOW
+from tandem.testing.families import CHUNKED, FAMILIES, RECURRENT, SHARED_KV, SPARSE, WINDOW
 from tests.parity.test_mlx_lm_parity import greedy, reference, staggered_three_ways
 
-TYPES = sorted([*FAMILIES, *SHARED_KV, *SPARSE])
+TYPES = sorted([*FAMILIES, *SHARED_KV, *SPARSE, *CHUNKED])
 
 
 def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
@@ -33,6 +33,11 @@ def test_layer_kinds_come_from_the_models_own_caches(family_model_dir):
     # DeepSeek sparse attention: the MLA latents and the indexer's keys, each token's
     # gathered history (the indexer picks from it).
     assert kinds["deepseek_v32"] == [(None, True)] * 4
+    # Chunks of 8 positions, then a global layer (runner/adapters.py: no mask from offsets).
+    assert kinds["llama4"] == [(WINDOW, False)] * 3 + [(None, False)]
+    assert [s.chunked for s in LLM(str(family_model_dir("llama4"))).engine.loop.runner.specs] == [
+        True
+    ] * 3 + [False]
     latent = LLM(str(family_model_dir("deepseek_v3"))).engine.loop.runner.specs[0]
     assert (latent.k_heads, latent.k_dim, latent.v_heads, latent.v_dim) == (1, 32, 1, 8)
     # Recurrent: Gated DeltaNet layers between attention layers, Mamba-2 only, and a Mamba-2
@@ -169,7 +174,7 @@ def test_steady_decodes_keep_states_resident_and_exact(family_model_dir, model_t
 def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, RotatingKVCache
+    from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
     from tandem.runner.model_runner import ModelRunner
 
@@ -185,8 +190,8 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
         def make_cache(self):
             return [KVCache(), self.second()]
 
-    with pytest.raises(ValueError, match="'hybrid': layer 1 needs cache kind ChunkedKVCache"):
-        ModelRunner(Hybrid(lambda: ChunkedKVCache(8)), model_type="hybrid")
+    with pytest.raises(ValueError, match="'hybrid': layer 1 needs cache kind QuantizedKVCache"):
+        ModelRunner(Hybrid(QuantizedKVCache), model_type="hybrid")
     with pytest.raises(ValueError, match="layer 1 needs cache kind RotatingKVCache with keep=4"):
         ModelRunner(Hybrid(lambda: RotatingKVCache(16, keep=4)), model_type="hybrid")
     # Accepted kinds, but the layers never store anything: refused by the probe.
@@ -324,7 +329,7 @@ def test_window_group_with_quantized_pages_equals_one_group(family_model_dir):
 
 def test_learned_positions_computed_with_numpy_from_the_offset(tmp_path):
     """gpt_bigcode takes its positions from ``np.arange`` over the cache offset, a number in
-    mlx-lm's caches and each row's position in Tandem's (runner/offsets.py): staggered
+    mlx-lm's caches and each row's position in Tandem's (runner/adapters.py): staggered
     batches, overlap on and off, token-exact with mlx-lm."""
     from tandem.testing.model_zoo import make_zoo_model
 
