@@ -335,6 +335,7 @@ def _speculation(config: EngineConfig, runner: ModelRunner) -> SpecConfig:
     return SpecConfig(
         num_tokens=config.num_speculative_tokens,
         max_batch=max_batch,
+        min_gain=config.speculative_min_gain,
         draft=config.speculative == "draft",
         per_position=runner.recurrent and runner.state_positions,
     )

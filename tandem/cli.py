@@ -89,6 +89,7 @@ def _engine_config(args: argparse.Namespace):
         draft_model=args.draft_model,
         num_speculative_tokens=args.num_speculative_tokens,
         speculative_max_batch=args.speculative_max_batch,
+        speculative_min_gain=args.speculative_min_gain,
     )
 
 
@@ -199,6 +200,13 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         default=None,
         help="no speculation while more requests than this decode (default 8; 1 for a "
         "recurrent model whose verifies cannot share a model call)",
+    )
+    p.add_argument(
+        "--speculative-min-gain",
+        type=float,
+        default=1.0,
+        help="speculation turns itself off for a while when its steps emit fewer tokens per "
+        "second than this share of plain decoding's, as the engine times them (0: never)",
     )
     p.add_argument(
         "--debug-invariants",

@@ -60,6 +60,9 @@ class EngineConfig:
     draft_model: str | None = None
     num_speculative_tokens: int = 4
     speculative_max_batch: int | None = None
+    # Speculation turns itself off for a while when its steps emit fewer tokens per second
+    # than this share of plain decoding's at the same batch (engine/spec_gain.py; 0: never).
+    speculative_min_gain: float = 1.0
     check_invariants: bool = False
     seed: int | None = None
 
@@ -100,6 +103,8 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must be >= 1")
         if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
             raise ValueError("speculative_max_batch must be >= 1")
+        if not self.speculative_min_gain >= 0:
+            raise ValueError("speculative_min_gain must be >= 0")
         if self.state_snapshots is not None and self.state_snapshots < 0:
             raise ValueError("state_snapshots must be >= 0")
         if self.kv_budget_tokens is not None and self.kv_budget_tokens < self.kv_page_size:

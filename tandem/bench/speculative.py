@@ -154,7 +154,8 @@ def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> 
     llm.generate(prompts, params)
     times, outs = [], []
     stats = llm.engine.scheduler.stats
-    before = (stats.spec_proposed, stats.spec_accepted, stats.spec_verifies)
+    gain = llm.engine.scheduler.gain
+    before = (stats.spec_proposed, stats.spec_accepted, stats.spec_verifies, gain.backoffs)
     for _ in range(repeats):
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -170,6 +171,8 @@ def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> 
         "times": times,
         "acceptance": accepted / proposed if proposed else None,
         "mean_accepted_per_verify": accepted / verifies if verifies else None,
+        # Times speculation turned itself off (its steps slower than plain; spec_gain.py).
+        "backoffs": gain.backoffs - before[3],
         "token_ids": [o.token_ids for o in outs],
     }
 
@@ -191,6 +194,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "temporary folder)",
     )
     p.add_argument("--speculative-max-batch", type=int, default=None)
+    p.add_argument(
+        "--speculative-min-gain",
+        type=float,
+        default=1.0,
+        help="as tandem serve's (0: speculate whatever the step times say)",
+    )
     p.add_argument(
         "--mlx-lm", action="store_true", help="also mlx-lm's speculative path at one stream"
     )
@@ -231,6 +240,7 @@ def main(args: argparse.Namespace) -> int:
                 "draft_model": draft,
                 "num_speculative_tokens": k,
                 "speculative_max_batch": args.speculative_max_batch,
+                "speculative_min_gain": args.speculative_min_gain,
             }
         llm = LLM(
             args.model,

@@ -149,6 +149,7 @@ def _stats(engine) -> dict[str, Any]:
                 "spec_proposed_tokens": sched.stats.spec_proposed,
                 "spec_accepted_tokens": sched.stats.spec_accepted,
                 "spec_verify_steps": sched.stats.spec_verifies,
+                "spec_backoffs": sched.gain.backoffs,
             }
             if sched.config.speculation.enabled
             else {}

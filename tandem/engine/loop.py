@@ -19,6 +19,8 @@ them is finalized (late release), so no slot is reused under an in-flight step.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,6 +53,7 @@ class Runner(Protocol):
 class InFlightStep:
     plan: StepPlan
     handle: Any
+    launched: float = 0.0  # the clock when its launch began
 
 
 class OverlapLoop:
@@ -61,6 +64,7 @@ class OverlapLoop:
         *,
         overlap: bool = True,
         check_invariants: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -69,6 +73,10 @@ class OverlapLoop:
         self.curr: InFlightStep | None = None  # the oldest launched, unfinalized step
         self.num_steps = 0
         self.num_chained = 0
+        # Step times for the scheduler (engine/spec_gain.py): a step's run from its launch,
+        # or the previous finalize if later, to its own finalize.
+        self.clock = clock
+        self._last_end = 0.0
 
     @property
     def inflight(self) -> list[StepPlan]:
@@ -117,6 +125,7 @@ class OverlapLoop:
         return self._out + self.scheduler.take_pending_outputs()
 
     def _launch(self, parent: InFlightStep | None) -> InFlightStep | None:
+        launched = self.clock()
         plan = self.scheduler.schedule(parent.plan if parent is not None else None)
         if plan is None:
             return None
@@ -127,7 +136,7 @@ class OverlapLoop:
         masks = None if parent else self.scheduler.grammar_masks(plan, self.runner.words)
         handle = self.runner.launch(plan, parent.handle if parent else None, masks)
         self._failing = None
-        return InFlightStep(plan, handle)
+        return InFlightStep(plan, handle, launched)
 
     def _complete(self, s: InFlightStep) -> None:
         if s.plan.sampling.constrained:
@@ -138,8 +147,13 @@ class OverlapLoop:
     def _finalize(self, s: InFlightStep) -> None:
         self._failing = s.plan
         result = self.runner.finalize(s.handle)
-        self._out += self.scheduler.update(s.plan, result)
+        outputs = self.scheduler.update(s.plan, result)
+        self._out += outputs
         self._failing = None
+        end = self.clock()
+        tokens = sum(len(o.new_token_ids) for o in outputs)
+        self.scheduler.gain.timed(s.plan.step_id, tokens, end - max(s.launched, self._last_end))
+        self._last_end = end
 
     _failing: StepPlan | None = None
 

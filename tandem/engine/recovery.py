@@ -16,6 +16,20 @@ if TYPE_CHECKING:
     from tandem.engine.scheduler import Scheduler
 
 
+REGROW_AFTER = 64  # good steps before a shrunk step budget doubles back
+
+
+def regrow_budget(sched: Scheduler) -> None:
+    """After an OOM the step budget halved; it doubles back (up to the configured one)
+    after every REGROW_AFTER steps without a failure."""
+    if sched.max_step_tokens >= sched.config.max_num_batched_tokens:
+        return
+    sched._good_steps += 1
+    if sched._good_steps >= REGROW_AFTER:
+        sched._good_steps = 0
+        sched.max_step_tokens = min(sched.config.max_num_batched_tokens, 2 * sched.max_step_tokens)
+
+
 def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: bool) -> None:
     """Undo the lost steps' accounting and retract every running request, in order; the
     requests in ``failed`` end with ``error`` instead (kind: resource after an OOM, else
@@ -23,6 +37,7 @@ def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: 
     needs less."""
     failed = set(failed)
     sched.stats.step_failures += 1
+    sched.gain.forget()  # the lost steps are never timed
     sched._good_steps = 0
     if oom:
         sched.stats.oom_recoveries += 1

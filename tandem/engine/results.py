@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tandem.engine import speculation
+from tandem.engine import recovery, speculation
 from tandem.engine.grammar import Matcher, accept_all, fill_masks
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
@@ -85,7 +85,7 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         if not req.finished:
             sched.kv.free_behind(req, seg.start)
         sched.maybe_release(req)
-    sched.regrow_budget()
+    recovery.regrow_budget(sched)
     # Outputs not tied to a step (aborts) go first; taken last, so a failure above
     # leaves them queued for the loop instead of dropping them.
     return sched.take_pending_outputs() + outputs

@@ -20,6 +20,7 @@ from tandem.engine.kv_manager import KVManager
 from tandem.engine.plan import DraftQuery, Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_rows import row_sampling
+from tandem.engine.spec_gain import SpecGain
 from tandem.engine.speculation import SpecConfig
 from tandem.engine.state_slots import state_managers
 from tandem.outputs import EngineOutput
@@ -99,6 +100,7 @@ class Scheduler:
         self._waiting_ids: set[str] = set()
         self.proposer: drafting.Proposer | None = None  # the draft model, set by the engine
         self.acceptance = speculation.Acceptance()  # of recent verifies, engine-wide
+        self.gain = SpecGain(config.speculation.min_gain)  # speculating vs plain steps' speed
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -327,6 +329,7 @@ class Scheduler:
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
         released = self.kv.positions.take_freed() if self.kv.positions else ()
+        self.gain.planned(self._step_id + 1, segments, chunks, self.running)
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens
@@ -384,18 +387,6 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
         """Apply a finalized step (strictly in launch order): append tokens, detect stops."""
         return results.apply(self, plan, result)
-
-    REGROW_AFTER = 64  # good steps before a shrunk step budget doubles back
-
-    def regrow_budget(self) -> None:
-        """After an OOM the step budget halved; it doubles back (up to the configured one)
-        after every REGROW_AFTER steps without a failure."""
-        if self.max_step_tokens >= self.config.max_num_batched_tokens:
-            return
-        self._good_steps += 1
-        if self._good_steps >= self.REGROW_AFTER:
-            self._good_steps = 0
-            self.max_step_tokens = min(self.config.max_num_batched_tokens, 2 * self.max_step_tokens)
 
     def grammar_masks(self, plan: StepPlan, words: int) -> np.ndarray | None:
         """Allowed-token bitmasks of the plan's constrained rows (see results.grammar_masks)."""

@@ -27,7 +27,9 @@ Which requests speculate (the rest decode as before, chained on the step in flig
 - only while the step's decode batch is at most ``max_batch`` (a larger step is no longer
   bound by weight traffic and host work, so verifying extra positions costs real compute);
 - a request whose proposals keep failing backs off: after ``patience`` verify steps that
-  accepted nothing it decodes plainly for ``backoff`` tokens, doubling each time.
+  accepted nothing it decodes plainly for ``backoff`` tokens, doubling each time;
+- only while speculating steps emit at least ``min_gain`` times the tokens per second of
+  plain steps at the same batch, as the engine times them (engine/spec_gain.py).
 
 A verify segment needs its last token on the host, so a speculating request never rides a
 chained step lazily. While any request speculates the loop runs one step at a time (the
@@ -72,6 +74,10 @@ class SpecConfig:
     # ``patience`` failed verifies per request.
     min_acceptance: float = 0.2
     cold_backoff: int = 64
+    # Off for a while when speculating steps emit fewer tokens per second than this share
+    # of plain steps' (engine/spec_gain.py; 0: never, the scheduler tests' default; engines
+    # get EngineConfig.speculative_min_gain, 1.0).
+    min_gain: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -238,7 +244,7 @@ def speculating(sched: Scheduler) -> bool:
     if not spec.enabled or (sched.proposer is not None and sched.proposer.disabled):
         return False
     decoding = sum(r.status is RequestStatus.DECODE for r in sched.running.values())
-    return decoding <= spec.max_batch
+    return decoding <= spec.max_batch and sched.gain.allows(decoding)
 
 
 def anyone_speculating(sched: Scheduler) -> bool:

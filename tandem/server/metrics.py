@@ -69,6 +69,11 @@ ENGINE_COUNTERS = {
         "tandem_spec_verify_steps",
         "Verify segments (each yields its accepted tokens plus one)",
     ),
+    "spec_backoffs": (
+        "tandem_spec_backoffs",
+        "Times speculation turned itself off for a while: its steps emitted fewer tokens per "
+        "second than plain decoding's at the same batch",
+    ),
     "oom_recoveries": (
         "tandem_engine_oom_recoveries",
         "Steps that ran out of device memory and were retried smaller",

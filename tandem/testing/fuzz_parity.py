@@ -45,6 +45,7 @@ def run(
     *,
     overlap: bool = True,
     speculative: str | None = None,
+    speculative_min_gain: float = 1.0,
 ) -> FuzzReport:
     import tandem.runner  # noqa: F401, I001  (preloads BLAS before mlx)
     from tandem import LLM, SamplingParams
@@ -62,6 +63,7 @@ def run(
         max_num_batched_tokens=rng.choice([5, 16, 64]),
         kv_budget_tokens=96 * 16,  # a small pool: evictions and retractions happen
         speculative=speculative,
+        speculative_min_gain=speculative_min_gain,
     )
     engine = llm.engine
     vocab = llm.tokenizer.vocab_size

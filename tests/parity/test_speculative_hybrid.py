@@ -20,7 +20,13 @@ from tandem.engine import speculation
 from tandem.testing.families import RECURRENT
 
 # Several requests speculating at once (the default for these models is one at a time).
-SPEC = {"speculative": "ngram", "num_speculative_tokens": 4, "speculative_max_batch": 8}
+# (Speculating from the first decode step on, whatever the step times say.)
+SPEC = {
+    "speculative": "ngram",
+    "num_speculative_tokens": 4,
+    "speculative_max_batch": 8,
+    "speculative_min_gain": 0,
+}
 N = 30
 
 

@@ -1,0 +1,126 @@
+"""Whether speculation pays, from the engine's own step times.
+
+A request backs off when its verifies accept nothing (engine/speculation.py), but verifies
+that accept a little can still emit fewer tokens per second than plain decoding of the same
+batch: each costs more than a decode step (K + 1 positions, a draft's forwards, recurrent
+states per position, no overlap while anyone speculates), and how much more depends on the
+machine and the model. Measured before this existed: a random Qwen3.5-2B shape in bf16 on an
+H100, 4 streams, 27% of proposals accepted, ran at 0.47x of speculation off; a draft at 4
+streams on the CPU at 0.89x. So the engine times its steps and compares:
+
+- a **plain** step (every segment a one-token decode) while B requests decode: the tokens it
+  emitted per second, the median of the last ``WINDOW`` per B;
+- a **speculating** step (a verify segment, or the replay of a rejected one; no prompt
+  chunk) while B requests decode: its tokens per second over that median is its gain;
+- steps with prompt chunks are not compared.
+
+Speculation needs ``PLAIN_SAMPLES`` plain steps at a batch size before it runs there. Once
+``WINDOW`` speculating steps are timed, while the median gain of the last ``WINDOW`` is below
+``min_gain`` speculation is off engine-wide for a back-off of plain steps (``BACKOFF``, then
+doubling while the probes after it keep losing, up to ``MAX_BACKOFF``; back to ``BACKOFF``
+once a probe pays). The median ignores the few steps that first meet a new shape and wait for
+MLX to compile its kernels. Every token stays exact either way: this only decides how fast.
+
+A step's seconds run from its launch (or the previous step's finalize, if later: a chained
+step's time is the interval between finalizes) to its own finalize (engine/loop.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from typing import TYPE_CHECKING
+
+from tandem.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tandem.engine.plan import Segment
+
+log = logging.getLogger("tandem")
+
+PLAIN, SPEC = "plain", "spec"
+
+
+def step_kind(segments: list[Segment], chunks: list[Segment], running: dict[str, Request]) -> str:
+    """A step's kind for the comparison (before ``_launch`` advances its requests): PLAIN,
+    SPEC, or "" (prompt chunks: not compared)."""
+    prompt = [s for s in chunks if not running[s.request_id].replaying]
+    if prompt:
+        return ""
+    if len(chunks) or any(s.num_samples > 1 for s in segments):
+        return SPEC
+    return PLAIN
+
+
+class SpecGain:
+    PLAIN_SAMPLES = 2
+    WINDOW = 8
+    BACKOFF = 32
+    MAX_BACKOFF = 1024
+
+    def __init__(self, min_gain: float) -> None:
+        self.min_gain = min_gain
+        self.plain: dict[int, deque[float]] = {}  # B -> tokens/s of recent plain steps
+        self.gains: deque[float] = deque(maxlen=self.WINDOW)
+        self.off_left = 0  # plain steps before speculating again
+        self.backoff = 0  # the last back-off's length (0: none since it last paid)
+        self.backoffs = 0  # times speculation was turned off
+        self._steps: dict[int, tuple[str, int]] = {}  # step id -> (kind, rows), until timed
+
+    @property
+    def gain(self) -> float | None:
+        """The median gain of the recent speculating steps (None: none timed yet)."""
+        return statistics.median(self.gains) if self.gains else None
+
+    def allows(self, rows: int) -> bool:
+        """Whether a step may speculate while ``rows`` requests decode."""
+        if self.min_gain <= 0:
+            return True
+        return self.off_left <= 0 and len(self.plain.get(rows, ())) >= self.PLAIN_SAMPLES
+
+    def planned(
+        self, step_id: int, segments: list[Segment], chunks: list[Segment], running: dict
+    ) -> None:
+        """A step about to launch (before it advances its requests' state)."""
+        if self.min_gain <= 0:
+            return
+        rows = sum(r.status is RequestStatus.DECODE for r in running.values())
+        what = step_kind(segments, chunks, running)
+        if what and rows:
+            self._steps[step_id] = (what, rows)
+
+    def forget(self) -> None:
+        """The steps in flight were dropped (a failure): none of them will be timed."""
+        self._steps.clear()
+
+    def timed(self, step_id: int, tokens: int, seconds: float) -> None:
+        """A step finalized after ``seconds``, emitting ``tokens``."""
+        step = self._steps.pop(step_id, None)
+        if step is None or seconds <= 0 or tokens <= 0:
+            return
+        step_kind, rows = step
+        if step_kind == PLAIN:
+            self.plain.setdefault(rows, deque(maxlen=self.WINDOW)).append(tokens / seconds)
+            self.off_left = max(0, self.off_left - 1)
+            return
+        plain = self.plain.get(rows)
+        if not plain:
+            return
+        self.gains.append(tokens / seconds / statistics.median(plain))
+        if self.min_gain <= 0 or len(self.gains) < self.WINDOW:
+            return
+        gain = statistics.median(self.gains)
+        if gain < self.min_gain:
+            self.backoff = min(self.MAX_BACKOFF, 2 * self.backoff if self.backoff else self.BACKOFF)
+            self.off_left = self.backoff
+            self.backoffs += 1
+            self.gains.clear()  # the next probe is judged on its own steps
+            log.info(
+                "speculation off for %d steps: its steps emitted %.2fx the tokens per second "
+                "of plain decoding",
+                self.backoff,
+                gain,
+            )
+        else:
+            self.backoff = 0

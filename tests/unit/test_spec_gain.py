@@ -1,0 +1,143 @@
+"""Speculation turns itself off while its steps emit fewer tokens per second than plain
+steps at the same batch (engine/spec_gain.py), from the loop's step times."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem import LLM, SamplingParams
+from tandem.engine.plan import Segment
+from tandem.engine.request import RequestStatus
+from tandem.engine.spec_gain import PLAIN, SPEC, SpecGain, step_kind
+
+G = SpecGain
+
+
+class _Req:
+    def __init__(self, status: RequestStatus = RequestStatus.DECODE, replaying: bool = False):
+        self.status, self.replaying = status, replaying
+
+
+def _decode(rid: str, n: int = 1) -> Segment:
+    return Segment(rid, 10, n, (1,) * n, (0,), sample_row=0, num_samples=n)
+
+
+def _chunk(rid: str) -> Segment:
+    return Segment(rid, 0, 5, (1,) * 5, (0,), sample_row=-1)
+
+
+def test_steps_are_plain_speculating_or_not_compared():
+    running = {"a": _Req(), "b": _Req(), "p": _Req(RequestStatus.PREFILL)}
+    replay = {"a": _Req(), "b": _Req(replaying=True)}
+    assert step_kind([_decode("a"), _decode("b")], [], running) == PLAIN
+    assert step_kind([_decode("a", 5), _decode("b")], [], running) == SPEC
+    assert step_kind([_decode("a")], [_chunk("b")], replay) == SPEC  # a rejected verify's replay
+    assert step_kind([_decode("a", 5)], [_chunk("p")], running) == ""  # a prompt chunk
+
+
+def _run(gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4) -> list[bool]:
+    """Time ``(kind, tokens, seconds)`` steps of ``rows`` decoding requests; whether each
+    step after it may speculate."""
+    running = {str(i): _Req() for i in range(rows)}
+    allowed = []
+    for i, (what, tokens, seconds) in enumerate(steps):
+        n = 5 if what == SPEC else 1
+        gain.planned(i, [_decode(r, n) for r in running], [], running)
+        gain.timed(i, tokens, seconds)
+        allowed.append(gain.allows(rows))
+    return allowed
+
+
+def test_a_batch_size_needs_plain_steps_first():
+    gain = SpecGain(1.0)
+    assert not gain.allows(4)
+    assert _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES) == [False] * (G.PLAIN_SAMPLES - 1) + [
+        True
+    ]
+    assert not gain.allows(3)  # another batch size: its own plain steps first
+    assert SpecGain(0).allows(3)  # min_gain 0: never off
+
+
+def test_losing_speculation_backs_off_doubling_and_resets_when_it_pays():
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES)
+    # Verifies yielding 8 tokens in 3 plain steps' time: 0.67x.
+    losing = [(SPEC, 8, 0.03)] * G.WINDOW
+    assert _run(gain, losing) == [True] * (G.WINDOW - 1) + [False]
+    assert gain.off_left == G.BACKOFF and gain.backoffs == 1
+    # Plain steps count the back-off down (and keep measuring the plain rate).
+    assert _run(gain, [(PLAIN, 4, 0.01)] * G.BACKOFF) == [False] * (G.BACKOFF - 1) + [True]
+    _run(gain, losing)
+    assert gain.off_left == 2 * G.BACKOFF and gain.backoffs == 2
+    _run(gain, [(PLAIN, 4, 0.01)] * 2 * G.BACKOFF)
+    # A probe that pays (12 tokens in 2 plain steps' time: 1.5x) keeps it on and resets the
+    # next back-off to the first length.
+    assert _run(gain, [(SPEC, 12, 0.02)] * (2 * G.WINDOW)) == [True] * (2 * G.WINDOW)
+    assert gain.backoff == 0 and gain.gain == pytest.approx(1.5)
+
+
+def test_a_few_slow_first_steps_do_not_turn_it_off():
+    """The first steps of a new shape wait for MLX to compile kernels: the median ignores
+    them."""
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES)
+    steps = [(SPEC, 12, 3.0)] * 3 + [(SPEC, 12, 0.02)] * (G.WINDOW - 3)
+    assert all(_run(gain, steps))
+    assert gain.backoffs == 0
+
+
+def test_a_failed_step_is_never_timed():
+    gain = SpecGain(1.0)
+    running = {"a": _Req()}
+    gain.planned(1, [_decode("a")], [], running)
+    gain.forget()
+    gain.timed(1, 1, 0.01)
+    assert not gain.plain
+
+
+class _Clock:
+    """The loop's clock, advanced by each finalize: ``plain`` for a step of one-token rows,
+    ``spec`` for one with a verify."""
+
+    def __init__(self, llm: LLM, plain: float, spec: float) -> None:
+        self.now = 0.0
+        runner = llm.engine.loop.runner
+        launch, finalize = runner.launch, runner.finalize
+        plans = {}
+
+        def launching(plan, *args, **kw):
+            handle = launch(plan, *args, **kw)
+            plans[id(handle)] = plan
+            return handle
+
+        def finalizing(handle):
+            plan = plans.pop(id(handle))
+            verify = any(s.num_samples > 1 for s in plan.segments)
+            self.now += spec if verify else plain
+            return finalize(handle)
+
+        runner.launch, runner.finalize = launching, finalizing
+        llm.engine.loop.clock = lambda: self.now
+
+
+@pytest.mark.parametrize(("spec_cost", "turned_off"), [(12.0, True), (1.2, False)])
+def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_cost, turned_off):
+    """A random model falls into loops that the n-gram proposer predicts (more than half of
+    the proposals accepted): a verify step costing 12 plain steps loses, one costing 1.2
+    pays. The output is the same either way."""
+    path = str(tiny_model_dir("llama"))
+    prompts = [[5, 9, 14, 3, 27, 7, 8, 11, 2, 40 + i] for i in range(2)]
+    params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(path).generate(prompts, params)]
+    llm = LLM(path, speculative="ngram", num_speculative_tokens=4, speculative_min_gain=1.0)
+    _Clock(llm, 1.0, spec_cost)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == plain
+    sched = llm.engine.scheduler
+    assert sched.stats.spec_accepted > 0.5 * sched.stats.spec_proposed
+    assert (sched.gain.backoffs > 0) == turned_off
+    if turned_off:
+        assert sched.gain.gain is None or sched.gain.gain < 1.0
+        # Verifies stopped at the first window's end, then probed again after back-offs.
+        assert sched.stats.spec_verifies < 0.5 * 160
+    else:
+        assert sched.gain.gain > 1.0
