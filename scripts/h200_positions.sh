@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Hybrid speculation with per-position states on the H200 (runner/positions.py): a random
-# Qwen3.5 ~2B shape in bf16 — the load check's verdicts (batched layout, per-position states),
-# then speculation at 4 streams with half the oracle's proposals wrong, per-position states
-# against the replaying path (TANDEM_STATE_POSITIONS=0), and with all of them right.
+# Qwen3.5 ~2B shape (bf16 weights) — the load check's verdicts in bf16 (batched layout,
+# per-position states), then speculation at 4 streams with half the oracle's proposals wrong,
+# per-position states against the replaying path (TANDEM_STATE_POSITIONS=0), and with all of
+# them right. The speculation runs compute in float32 (DTYPE): the oracle proposes what
+# speculation off generated, and in bf16 a verify batch rounds differently, so a stream parts
+# from that text within 14-36 tokens and every later proposal is wrong (an H100 run at
+# a809122: 27% accepted where half should be; docs/benchmarks/h100-positions/).
 #
 # Stage once here:   bash scripts/gpu_stage_serving.sh
 # Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
@@ -18,7 +22,7 @@ mkdir -p "$OUT"
 spec() {  # P, name, extra env
   timeout 170 env $3 "$PY" -m tandem.cli bench speculative --model "$m/qwen3.5-2b" \
     --workloads random --streams 4 --num-tokens 4 --prompt-tokens 256 --max-tokens 64 \
-    --repeats 1 --dtype bfloat16 --oracle "$1" --json "$OUT/positions-$2-oracle$1.json" 2>&1 \
+    --repeats 1 --dtype "${DTYPE:-float32}" --oracle "$1" --json "$OUT/positions-$2-oracle$1.json" 2>&1 \
     | grep -E "^\||rror" | tail -4
 }
 if [[ $PART == 1 ]]; then

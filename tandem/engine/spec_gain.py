@@ -11,15 +11,20 @@ streams on the CPU at 0.89x. So the engine times its steps and compares:
 - a **plain** step (every segment a one-token decode) while B requests decode: the tokens it
   emitted per second, the median of the last ``WINDOW`` per B;
 - a **speculating** step (a verify segment, or the replay of a rejected one; no prompt
-  chunk) while B requests decode: its tokens per second over that median is its gain;
+  chunk) while B requests decode: the tokens it emitted, against those plain steps would
+  have emitted in its time (its seconds x that median);
 - steps with prompt chunks are not compared.
 
 Speculation needs ``PLAIN_SAMPLES`` plain steps at a batch size before it runs there. Once
-``WINDOW`` speculating steps are timed, while the median gain of the last ``WINDOW`` is below
-``min_gain`` speculation is off engine-wide for a back-off of plain steps (``BACKOFF``, then
-doubling while the probes after it keep losing, up to ``MAX_BACKOFF``; back to ``BACKOFF``
-once a probe pays). The median ignores the few steps that first meet a new shape and wait for
-MLX to compile its kernels. Every token stays exact either way: this only decides how fast.
+``WINDOW`` speculating steps are timed, while the last ``WINDOW``'s tokens are below
+``min_gain`` x those plain steps would have emitted in their time, speculation is off
+engine-wide for a back-off of plain steps (``BACKOFF``, then doubling while the probes after
+it keep losing, up to ``MAX_BACKOFF``; back to ``BACKOFF`` once a probe pays). Sums, not a
+median of per-step ratios: a verify step's time varies little while its tokens vary a lot
+(one step accepts everything, the next nothing), and throughput is the sum. A step's time
+counts at most ``CLIP`` x the window's median: the few steps that first meet a new shape wait
+for MLX to compile its kernels. Every token stays exact either way: this only decides how
+fast.
 
 A step's seconds run from its launch (or the previous step's finalize, if later: a chained
 step's time is the interval between finalizes) to its own finalize (engine/loop.py).
@@ -56,13 +61,15 @@ def step_kind(segments: list[Segment], chunks: list[Segment], running: dict[str,
 class SpecGain:
     PLAIN_SAMPLES = 2
     WINDOW = 8
+    CLIP = 2.0
     BACKOFF = 32
     MAX_BACKOFF = 1024
 
     def __init__(self, min_gain: float) -> None:
         self.min_gain = min_gain
         self.plain: dict[int, deque[float]] = {}  # B -> tokens/s of recent plain steps
-        self.gains: deque[float] = deque(maxlen=self.WINDOW)
+        # (tokens, seconds, plain tokens/s at its B) of recent speculating steps
+        self.spec: deque[tuple[int, float, float]] = deque(maxlen=self.WINDOW)
         self.off_left = 0  # plain steps before speculating again
         self.backoff = 0  # the last back-off's length (0: none since it last paid)
         self.backoffs = 0  # times speculation was turned off
@@ -70,8 +77,14 @@ class SpecGain:
 
     @property
     def gain(self) -> float | None:
-        """The median gain of the recent speculating steps (None: none timed yet)."""
-        return statistics.median(self.gains) if self.gains else None
+        """The recent speculating steps' tokens over those plain steps would have emitted in
+        their time (None: none timed yet). A step's time counts at most ``CLIP`` x the
+        median's: the steps that first meet a new shape wait for MLX to compile kernels."""
+        if not self.spec:
+            return None
+        cap = self.CLIP * statistics.median(s for _, s, _ in self.spec)
+        plain = sum(min(s, cap) * rate for _, s, rate in self.spec)
+        return sum(t for t, _, _ in self.spec) / plain
 
     def allows(self, rows: int) -> bool:
         """Whether a step may speculate while ``rows`` requests decode."""
@@ -107,15 +120,16 @@ class SpecGain:
         plain = self.plain.get(rows)
         if not plain:
             return
-        self.gains.append(tokens / seconds / statistics.median(plain))
-        if self.min_gain <= 0 or len(self.gains) < self.WINDOW:
+        self.spec.append((tokens, seconds, statistics.median(plain)))
+        if self.min_gain <= 0 or len(self.spec) < self.WINDOW:
             return
-        gain = statistics.median(self.gains)
+        gain = self.gain
+        assert gain is not None
         if gain < self.min_gain:
             self.backoff = min(self.MAX_BACKOFF, 2 * self.backoff if self.backoff else self.BACKOFF)
             self.off_left = self.backoff
             self.backoffs += 1
-            self.gains.clear()  # the next probe is judged on its own steps
+            self.spec.clear()  # the next probe is judged on its own steps
             log.info(
                 "speculation off for %d steps: its steps emitted %.2fx the tokens per second "
                 "of plain decoding",

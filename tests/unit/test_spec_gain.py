@@ -77,8 +77,8 @@ def test_losing_speculation_backs_off_doubling_and_resets_when_it_pays():
 
 
 def test_a_few_slow_first_steps_do_not_turn_it_off():
-    """The first steps of a new shape wait for MLX to compile kernels: the median ignores
-    them."""
+    """The first steps of a new shape wait for MLX to compile kernels: a step's time counts
+    at most twice the window's median."""
     gain = SpecGain(1.0)
     _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES)
     steps = [(SPEC, 12, 3.0)] * 3 + [(SPEC, 12, 0.02)] * (G.WINDOW - 3)
