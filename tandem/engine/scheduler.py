@@ -173,7 +173,8 @@ class Scheduler:
         decodes: list[tuple[Request, int]] = []  # (request, parent row or -1)
         proposals: dict[str, list[int]] = {}  # speculating requests' proposed tokens
         speculate = speculation.speculating(self)
-        if speculate and parent is not None and speculation.anyone_speculating(self):
+        spec_mode = speculate and speculation.anyone_speculating(self)  # (steps unchained)
+        if spec_mode and parent is not None:
             # A speculating request cannot join a chained step, and letting the others run
             # on without it would give it every other step: the loop runs one step at a time
             # while anyone speculates (a verify yields more than the overlap saves).
@@ -279,7 +280,7 @@ class Scheduler:
         segments += chunks
         if not segments:
             return None
-        return self._launch(parent, segments, sampled, chunks, drafts)
+        return self._launch(parent, segments, sampled, chunks, drafts, spec_mode)
 
     def _chunk(self, req: Request, budget: int, row: int) -> Segment | None:
         """The next prefill chunk of ``req``; it samples when it reaches the last known token
@@ -326,10 +327,11 @@ class Scheduler:
         sampled: list[Request],
         chunks: list[Segment],
         drafts: list[DraftQuery],
+        spec_mode: bool = False,
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
         released = self.kv.positions.take_freed() if self.kv.positions else ()
-        self.gain.planned(self._step_id + 1, segments, chunks, self.running)
+        self.gain.planned(self._step_id + 1, segments, chunks, self.running, spec_mode)
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens

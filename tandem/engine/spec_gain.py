@@ -47,21 +47,31 @@ log = logging.getLogger("tandem")
 PLAIN, SPEC = "plain", "spec"
 
 
-def step_kind(segments: list[Segment], chunks: list[Segment], running: dict[str, Request]) -> str:
+def decoding(running: dict[str, Request]) -> int:
+    """The batch size speculation is judged at: requests decoding, or replaying the tokens a
+    rejected verify accepted (they decode again right after)."""
+    return sum(r.status is RequestStatus.DECODE or r.replaying for r in running.values())
+
+
+def step_kind(
+    segments: list[Segment], chunks: list[Segment], running: dict[str, Request], spec_mode: bool
+) -> str:
     """A step's kind for the comparison (before ``_launch`` advances its requests): PLAIN,
-    SPEC, or "" (prompt chunks: not compared)."""
+    SPEC, or "" (prompt chunks: not compared). ``spec_mode``: built while someone speculates,
+    so not chained to the step before, whether or not it verifies anything (a proposal cut to
+    nothing, a draft only catching up): a cost of speculating, not a plain step."""
     prompt = [s for s in chunks if not running[s.request_id].replaying]
     if prompt:
         return ""
-    if len(chunks) or any(s.num_samples > 1 for s in segments):
+    if spec_mode or len(chunks) or any(s.num_samples > 1 for s in segments):
         return SPEC
     return PLAIN
 
 
 class SpecGain:
-    PLAIN_SAMPLES = 2
+    PLAIN_SAMPLES = 3  # after the first at a batch size, which may wait for compilation
     WINDOW = 8
-    CLIP = 2.0
+    OUTLIER = 10.0
     BACKOFF = 32
     MAX_BACKOFF = 1024
 
@@ -74,32 +84,40 @@ class SpecGain:
         self.backoff = 0  # the last back-off's length (0: none since it last paid)
         self.backoffs = 0  # times speculation was turned off
         self._steps: dict[int, tuple[str, int]] = {}  # step id -> (kind, rows), until timed
+        self._first: set[int] = set()  # batch sizes whose first plain step was seen
 
     @property
     def gain(self) -> float | None:
         """The recent speculating steps' tokens over those plain steps would have emitted in
-        their time (None: none timed yet). A step's time counts at most ``CLIP`` x the
-        median's: the steps that first meet a new shape wait for MLX to compile kernels."""
+        their time (None: none timed yet). Steps over ``OUTLIER`` x the median's time are
+        left out: the steps that first meet a new shape wait for MLX to compile kernels
+        (seconds, against milliseconds); a recurring cost is within a few times the median."""
         if not self.spec:
             return None
-        cap = self.CLIP * statistics.median(s for _, s, _ in self.spec)
-        plain = sum(min(s, cap) * rate for _, s, rate in self.spec)
-        return sum(t for t, _, _ in self.spec) / plain
+        cap = self.OUTLIER * statistics.median(s for _, s, _ in self.spec)
+        kept = [(t, s, rate) for t, s, rate in self.spec if s <= cap]
+        return sum(t for t, _, _ in kept) / sum(s * rate for _, s, rate in kept)
 
     def allows(self, rows: int) -> bool:
-        """Whether a step may speculate while ``rows`` requests decode."""
+        """Whether a step may speculate while ``rows`` requests decode (``decoding``)."""
         if self.min_gain <= 0:
             return True
         return self.off_left <= 0 and len(self.plain.get(rows, ())) >= self.PLAIN_SAMPLES
 
     def planned(
-        self, step_id: int, segments: list[Segment], chunks: list[Segment], running: dict
+        self,
+        step_id: int,
+        segments: list[Segment],
+        chunks: list[Segment],
+        running: dict[str, Request],
+        spec_mode: bool,
     ) -> None:
-        """A step about to launch (before it advances its requests' state)."""
+        """A step about to launch (before it advances its requests' state); ``spec_mode``:
+        built unchained because someone speculates."""
         if self.min_gain <= 0:
             return
-        rows = sum(r.status is RequestStatus.DECODE for r in running.values())
-        what = step_kind(segments, chunks, running)
+        rows = decoding(running)
+        what = step_kind(segments, chunks, running, spec_mode)
         if what and rows:
             self._steps[step_id] = (what, rows)
 
@@ -112,16 +130,19 @@ class SpecGain:
         step = self._steps.pop(step_id, None)
         if step is None or seconds <= 0 or tokens <= 0:
             return
-        step_kind, rows = step
-        if step_kind == PLAIN:
-            self.plain.setdefault(rows, deque(maxlen=self.WINDOW)).append(tokens / seconds)
+        what, rows = step
+        if what == PLAIN:
             self.off_left = max(0, self.off_left - 1)
+            if rows not in self._first:
+                self._first.add(rows)  # (it may have waited for kernels to compile)
+                return
+            self.plain.setdefault(rows, deque(maxlen=self.WINDOW)).append(tokens / seconds)
             return
         plain = self.plain.get(rows)
         if not plain:
             return
         self.spec.append((tokens, seconds, statistics.median(plain)))
-        if self.min_gain <= 0 or len(self.spec) < self.WINDOW:
+        if len(self.spec) < self.WINDOW:
             return
         gain = self.gain
         assert gain is not None

@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tandem.engine import spec_gain
 from tandem.engine.plan import Segment
 from tandem.engine.request import Request, RequestStatus
 
@@ -243,8 +244,8 @@ def speculating(sched: Scheduler) -> bool:
     spec = sched.config.speculation
     if not spec.enabled or (sched.proposer is not None and sched.proposer.disabled):
         return False
-    decoding = sum(r.status is RequestStatus.DECODE for r in sched.running.values())
-    return decoding <= spec.max_batch and sched.gain.allows(decoding)
+    rows = spec_gain.decoding(sched.running)
+    return rows <= spec.max_batch and sched.gain.allows(rows)
 
 
 def anyone_speculating(sched: Scheduler) -> bool:

@@ -356,7 +356,7 @@ def test_an_empty_answer_and_new_chat_mid_stream_leave_a_usable_chat(page):
 def test_dashboard_plots_speculative_acceptance_when_on(browser, served_model):
     """A server with --speculative: the dashboard shows the accepted share; the others
     (above) hide that chart."""
-    spec = Server(served_model, "--speculative", "ngram")
+    spec = Server(served_model, "--speculative", "ngram", "--speculative-min-gain", "0")
     try:
         body = {
             "model": "tiny",

@@ -108,7 +108,10 @@ def test_speculation_on_quantized_kv_changes_nothing(tiny_model_dir):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 500) for _ in range(6)] * 4 for _ in range(4)]
     outs = []
-    for spec in ({}, {"speculative": "ngram", "num_speculative_tokens": 4}):
+    for spec in (
+        {},
+        {"speculative": "ngram", "num_speculative_tokens": 4, "speculative_min_gain": 0},
+    ):
         llm = LLM(str(path), kv_cache_dtype="int4", kv_page_size=4, check_invariants=True, **spec)
         outs.append([o.token_ids for o in llm.generate(prompts, greedy(60))])
     assert outs[0] == outs[1]

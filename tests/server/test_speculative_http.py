@@ -18,7 +18,16 @@ PROMPT = [240, 316, 194, 139, 73, 98] * 4  # the tiny model loops on it: runs ge
 
 @pytest.fixture(scope="module")
 def spec_server(served_model):
-    s = Server(served_model, "--speculative", "ngram", "--num-speculative-tokens", "6")
+    # (Speculating whatever the step times say: the offline engine below must speculate alike.)
+    s = Server(
+        served_model,
+        "--speculative",
+        "ngram",
+        "--num-speculative-tokens",
+        "6",
+        "--speculative-min-gain",
+        "0",
+    )
     yield s
     s.stop()
 
@@ -71,7 +80,9 @@ def _stop_inside_a_run(served_model, ids: list[int]) -> tuple[str, int]:
     from tandem.frontend.tokenizer import Tokenizer
 
     tok = Tokenizer.load(served_model)
-    llm = LLM(str(served_model), speculative="ngram", num_speculative_tokens=6)
+    llm = LLM(
+        str(served_model), speculative="ngram", num_speculative_tokens=6, speculative_min_gain=0
+    )
     params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
     prev = 0
     for part in llm.stream(PROMPT, params):

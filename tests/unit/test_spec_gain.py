@@ -8,7 +8,7 @@ import pytest
 from tandem import LLM, SamplingParams
 from tandem.engine.plan import Segment
 from tandem.engine.request import RequestStatus
-from tandem.engine.spec_gain import PLAIN, SPEC, SpecGain, step_kind
+from tandem.engine.spec_gain import PLAIN, SPEC, SpecGain, decoding, step_kind
 
 G = SpecGain
 
@@ -28,11 +28,16 @@ def _chunk(rid: str) -> Segment:
 
 def test_steps_are_plain_speculating_or_not_compared():
     running = {"a": _Req(), "b": _Req(), "p": _Req(RequestStatus.PREFILL)}
-    replay = {"a": _Req(), "b": _Req(replaying=True)}
-    assert step_kind([_decode("a"), _decode("b")], [], running) == PLAIN
-    assert step_kind([_decode("a", 5), _decode("b")], [], running) == SPEC
-    assert step_kind([_decode("a")], [_chunk("b")], replay) == SPEC  # a rejected verify's replay
-    assert step_kind([_decode("a", 5)], [_chunk("p")], running) == ""  # a prompt chunk
+    replay = {"a": _Req(), "b": _Req(RequestStatus.PREFILL, replaying=True)}
+    assert step_kind([_decode("a"), _decode("b")], [], running, False) == PLAIN
+    assert step_kind([_decode("a", 5), _decode("b")], [], running, False) == SPEC
+    # A rejected verify's replay: speculation's cost, at the batch size with it.
+    assert step_kind([_decode("a")], [_chunk("b")], replay, False) == SPEC
+    assert decoding(replay) == 2 and decoding({"b": replay["b"]}) == 1
+    # One-token rows only, but built unchained because someone speculates (its proposal was
+    # cut to nothing, or a draft only caught up): not a plain step either.
+    assert step_kind([_decode("a"), _decode("b")], [], running, True) == SPEC
+    assert step_kind([_decode("a", 5)], [_chunk("p")], running, False) == ""  # a prompt chunk
 
 
 def _run(gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4) -> list[bool]:
@@ -42,25 +47,26 @@ def _run(gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4) -> 
     allowed = []
     for i, (what, tokens, seconds) in enumerate(steps):
         n = 5 if what == SPEC else 1
-        gain.planned(i, [_decode(r, n) for r in running], [], running)
+        gain.planned(i, [_decode(r, n) for r in running], [], running, False)
         gain.timed(i, tokens, seconds)
         allowed.append(gain.allows(rows))
     return allowed
 
 
 def test_a_batch_size_needs_plain_steps_first():
+    """PLAIN_SAMPLES after its first (which may have waited for compilation: not kept)."""
     gain = SpecGain(1.0)
     assert not gain.allows(4)
-    assert _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES) == [False] * (G.PLAIN_SAMPLES - 1) + [
-        True
-    ]
+    warm = [(PLAIN, 4, 5.0)] + [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES
+    assert _run(gain, warm) == [False] * G.PLAIN_SAMPLES + [True]
+    assert list(gain.plain[4]) == [400.0] * G.PLAIN_SAMPLES
     assert not gain.allows(3)  # another batch size: its own plain steps first
     assert SpecGain(0).allows(3)  # min_gain 0: never off
 
 
 def test_losing_speculation_backs_off_doubling_and_resets_when_it_pays():
     gain = SpecGain(1.0)
-    _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1))
     # Verifies yielding 8 tokens in 3 plain steps' time: 0.67x.
     losing = [(SPEC, 8, 0.03)] * G.WINDOW
     assert _run(gain, losing) == [True] * (G.WINDOW - 1) + [False]
@@ -80,16 +86,26 @@ def test_a_few_slow_first_steps_do_not_turn_it_off():
     """The first steps of a new shape wait for MLX to compile kernels: a step's time counts
     at most twice the window's median."""
     gain = SpecGain(1.0)
-    _run(gain, [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1))
     steps = [(SPEC, 12, 3.0)] * 3 + [(SPEC, 12, 0.02)] * (G.WINDOW - 3)
     assert all(_run(gain, steps))
     assert gain.backoffs == 0
 
 
+def test_a_recurring_cost_is_not_taken_for_compilation():
+    """Steps a few times the median's time (a draft catching up, a long replay) count in
+    full: 6 verifies of 6 tokens at 1.5 plain steps' time and 2 of 0.1 s (10 plain steps)
+    emit 48 tokens where plain steps would have emitted 76."""
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1))
+    _run(gain, [(SPEC, 6, 0.015)] * 6 + [(SPEC, 6, 0.1)] * 2)
+    assert gain.backoffs == 1
+
+
 def test_a_failed_step_is_never_timed():
     gain = SpecGain(1.0)
     running = {"a": _Req()}
-    gain.planned(1, [_decode("a")], [], running)
+    gain.planned(1, [_decode("a")], [], running, False)
     gain.forget()
     gain.timed(1, 1, 0.01)
     assert not gain.plain
@@ -120,11 +136,12 @@ class _Clock:
         llm.engine.loop.clock = lambda: self.now
 
 
-@pytest.mark.parametrize(("spec_cost", "turned_off"), [(12.0, True), (1.2, False)])
+@pytest.mark.parametrize(("spec_cost", "turned_off"), [(12.0, True), (1.0, False)])
 def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_cost, turned_off):
-    """A random model falls into loops that the n-gram proposer predicts (more than half of
-    the proposals accepted): a verify step costing 12 plain steps loses, one costing 1.2
-    pays. The output is the same either way."""
+    """A random model falls into loops that the n-gram proposer predicts: a verify step
+    costing 12 plain steps loses; one costing what a plain step does never loses (it emits at
+    least a token per row) and pays once proposals are accepted. The output is the same
+    either way."""
     path = str(tiny_model_dir("llama"))
     prompts = [[5, 9, 14, 3, 27, 7, 8, 11, 2, 40 + i] for i in range(2)]
     params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
@@ -133,7 +150,7 @@ def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_co
     _Clock(llm, 1.0, spec_cost)
     assert [o.token_ids for o in llm.generate(prompts, params)] == plain
     sched = llm.engine.scheduler
-    assert sched.stats.spec_accepted > 0.5 * sched.stats.spec_proposed
+    assert sched.stats.spec_accepted > 0
     assert (sched.gain.backoffs > 0) == turned_off
     if turned_off:
         assert sched.gain.gain is None or sched.gain.gain < 1.0
