@@ -15,16 +15,21 @@ streams on the CPU at 0.89x. So the engine times its steps and compares:
   have emitted in its time (its seconds x that median);
 - steps with prompt chunks are not compared.
 
-Speculation needs ``PLAIN_SAMPLES`` plain steps at a batch size before it runs there. Once
+A step built unchained because someone speculates counts as speculating even where it
+verifies nothing (a proposal cut to nothing, a draft only catching up): its lost overlap is
+speculation's cost. B counts requests decoding or replaying. Speculation needs
+``PLAIN_SAMPLES`` plain steps at a batch size after its first (which may have waited for
+kernels to compile, and is not kept) before it runs there. Once
 ``WINDOW`` speculating steps are timed, while the last ``WINDOW``'s tokens are below
 ``min_gain`` x those plain steps would have emitted in their time, speculation is off
 engine-wide for a back-off of plain steps (``BACKOFF``, then doubling while the probes after
 it keep losing, up to ``MAX_BACKOFF``; back to ``BACKOFF`` once a probe pays). Sums, not a
 median of per-step ratios: a verify step's time varies little while its tokens vary a lot
-(one step accepts everything, the next nothing), and throughput is the sum. A step's time
-counts at most ``CLIP`` x the window's median: the few steps that first meet a new shape wait
-for MLX to compile its kernels. Every token stays exact either way: this only decides how
-fast.
+(one step accepts everything, the next nothing), and throughput is the sum. Steps over
+``OUTLIER`` x the window's median time are left out: the few that first meet a new shape wait
+for MLX to compile its kernels (seconds, against milliseconds), while a recurring cost (a
+draft catching up, a long replay) is within a few times the median and counts. Every token
+stays exact either way: this only decides how fast.
 
 A step's seconds run from its launch (or the previous step's finalize, if later: a chained
 step's time is the interval between finalizes) to its own finalize (engine/loop.py).
