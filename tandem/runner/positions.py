@@ -194,33 +194,22 @@ def install(model: nn.Module, recurrent_layers: int) -> bool:
     return True
 
 
-def check(runner: ModelRunner, prompts: list[list[int]], page: int) -> tuple[float, float]:
+def check(runner: ModelRunner, prompts: list[list[int]]) -> tuple[float, float]:
     """Resumed from the states a verify kept at its positions, against mlx-lm: two requests
     of 9 tokens (``prompts``) prefill 4 tokens and verify the other 5 in one (2, 5) batch,
     cut after its first position where each keeps a snapshot (as a verify beside the prefix
     cache's checkpoint runs: a piece of one token, then one of four), keeping the states
-    after positions 4 .. 7 under ids past the scratch pool's 4 slots; then one decodes its
+    after positions 4 .. 7 under ids past the scratch pool's 4 slots (pages of 4 positions);
+    then one decodes its
     6th token from the state after its 5th while the other runs its 8th and 9th from the
     state after its 7th as one segment. The largest difference of log-probabilities and the
     reference's spread."""
     from tandem.engine.plan import RowSampling, Segment, StepPlan
-    from tandem.runner.paged import PagePool
-    from tandem.runner.state import StatePool
-    from tandem.runner.verify import _logprobs, _reference
+    from tandem.runner.verify import _reference, difference, scratch
 
     model = runner.model
     tokens = dict(zip("ab", prompts, strict=True))
-    saved = runner.pool, runner.state_pool
     window = bool(runner.max_window)
-    runner.pool = PagePool(
-        runner.specs,
-        6,
-        page,
-        double_buffer=False,
-        inplace=bool(saved[0] and saved[0].inplace),
-        window_pages=6 if window else 0,
-    )
-    runner.state_pool = StatePool(runner.state_specs, 4)
     none = RowSampling((), (), (), ())
     pages = {"a": (0, 1, 2), "b": (3, 4, 5)}
 
@@ -233,7 +222,7 @@ def check(runner: ModelRunner, prompts: list[list[int]], page: int) -> tuple[flo
         inputs = mx.array([t for s in segs for t in s.token_ids], dtype=mx.int32)
         return runner.forward(StepPlan(i, tuple(segs), (), (), none), inputs, head)
 
-    try:
+    with scratch(runner, 6, 4):
         step(1, [seg("a", 0, 4, state_slot=0), seg("b", 0, 4, state_slot=1)], [3, 7])
         verify = [
             seg("a", 4, 5, state_slot=0, state_positions=(4, 5, 6, 7), snapshots=((5, 2),)),
@@ -247,9 +236,4 @@ def check(runner: ModelRunner, prompts: list[list[int]], page: int) -> tuple[flo
         got = step(3, resumed, [0, 1, 2])
         a, b = prompts
         want = mx.concatenate([_reference(model, a[:6], 5), _reference(model, b, 7)])
-        got_lp, want_lp = _logprobs(got), _logprobs(want)
-        diff = mx.max(mx.abs(got_lp - want_lp)).item()
-        spread = max(mx.std(want_lp).item(), 1e-6)
-    finally:
-        runner.pool, runner.state_pool = saved
-    return diff, spread
+        return difference(got, want)

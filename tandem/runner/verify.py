@@ -17,6 +17,8 @@ replays rejected proposals instead.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -61,6 +63,35 @@ def _reference(model, tokens: list[int], first: int) -> mx.array:
 def _logprobs(x: mx.array) -> mx.array:
     x = x.astype(mx.float32)
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def difference(got: mx.array, want: mx.array) -> tuple[float, float]:
+    """The largest |difference| of the log-probabilities of two logits arrays, and the
+    spread (standard deviation) of ``want``'s."""
+    got_lp, want_lp = _logprobs(got), _logprobs(want)
+    diff = mx.max(mx.abs(got_lp - want_lp)).item()
+    return diff, max(mx.std(want_lp).item(), 1e-6)
+
+
+@contextmanager
+def scratch(runner: ModelRunner, pages: int, slots: int) -> Iterator[None]:
+    """The runner's pools replaced, for the block, by a scratch page pool of ``pages`` pages
+    of ``PAGE`` positions (the real pool's write path, in place or scatters; sliding-window
+    layers in a window group of as many pages) and ``slots`` recurrent-state slots."""
+    saved = runner.pool, runner.state_pool
+    runner.pool = PagePool(
+        runner.specs,
+        pages,
+        PAGE,
+        double_buffer=False,
+        inplace=bool(saved[0] and saved[0].inplace),
+        window_pages=pages if runner.max_window else 0,
+    )
+    runner.state_pool = StatePool(runner.state_specs, slots) if runner.state_specs else None
+    try:
+        yield
+    finally:
+        runner.pool, runner.state_pool = saved
 
 
 def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
@@ -109,7 +140,7 @@ def against_mlx_lm(runner: ModelRunner, model_type: str) -> None:
     if runner.state_positions:
         try:
             pair = [[t % runner.vocab_size for t in p] for p in (PROMPT_A, PROMPT_F)]
-            diff, spread = positions.check(runner, pair, PAGE)
+            diff, spread = positions.check(runner, pair)
             error = None if diff <= tol * spread else f"log-probabilities differ by {diff:.3g}"
         except Exception as e:  # noqa: BLE001 - any failure: verifies replay instead
             error = f"{type(e).__name__}: {e}"
@@ -137,25 +168,12 @@ def _compare(runner: ModelRunner, every_position: bool = True) -> tuple[float, f
     vocab = runner.vocab_size
     a, b, d, e = ([t % vocab for t in p] for p in (PROMPT_A, PROMPT_B, RESUMED_D, FRESH_E))
     recurrent = bool(runner.state_specs)
-    saved = runner.pool, runner.state_pool
-    # The real pool's write path (in place or scatters) on a scratch pool.
-    # Sliding-window layers through a window group of their own (other page ids).
-    window = bool(runner.max_window)
-    runner.pool = PagePool(
-        runner.specs,
-        11,
-        PAGE,
-        double_buffer=False,
-        inplace=bool(saved[0] and saved[0].inplace),
-        window_pages=11 if window else 0,
-    )
+    window = bool(runner.max_window)  # (window layers: a window group, other page ids)
     # Full pages and window pages of a, b, c, d, e (hits share a's first pages).
     pages = {"a": (0, 1, 2), "b": (3, 4), "c": (0, 5, 6), "d": (0, 1, 7, 8), "e": (9, 10)}
     wpages = {"a": (6, 5, 4), "b": (3, 2), "c": (6, 1, 0), "d": (6, 5, 7, 8), "e": (9, 10)}
     if not window:
         wpages = dict.fromkeys(wpages, ())
-    # State slots: a, b, c, d, e; a's snapshots at 4 and 8; c's and d's backups.
-    runner.state_pool = StatePool(runner.state_specs, 9) if recurrent else None
     none = RowSampling((), (), (), ())
 
     def seg(rid: str, start: int, tokens, slot: int, **kw) -> Segment:
@@ -170,7 +188,8 @@ def _compare(runner: ModelRunner, every_position: bool = True) -> tuple[float, f
             **kw,
         )
 
-    try:
+    # State slots: a, b, c, d, e; a's snapshots at 4 and 8; c's and d's backups.
+    with scratch(runner, 11, 9):
         snaps = ((PAGE, 5), (2 * PAGE, 6)) if recurrent else ()
         first = StepPlan(1, (seg("a", 0, a[:8], 0, snapshots=snaps),), (), (), none)
         runner.forward(first, mx.array(a[:8], dtype=mx.int32), [7])
@@ -193,12 +212,7 @@ def _compare(runner: ModelRunner, every_position: bool = True) -> tuple[float, f
         inputs = [t for s in segs for t in s.token_ids]
         second = StepPlan(2, tuple(segs), (), (), none)
         got = runner.forward(second, mx.array(inputs, dtype=mx.int32), head)
-        got_lp, want_lp = _logprobs(got), _logprobs(mx.concatenate(want))
-        diff = mx.max(mx.abs(got_lp - want_lp)).item()
-        spread = max(mx.std(want_lp).item(), 1e-6)
-    finally:
-        runner.pool, runner.state_pool = saved
-    return diff, spread
+        return difference(got, mx.concatenate(want))
 
 
 def dense_mask_rank(runner: ModelRunner) -> int:
