@@ -31,7 +31,8 @@ if [[ $PART == 1 ]]; then
 import logging; logging.basicConfig(level=logging.WARNING)
 from tandem import LLM
 r = LLM('$m/qwen3.5-2b', dtype='bfloat16', max_num_seqs=16, speculative='ngram').engine.loop.runner
-print('batch_sequences', r.batch_sequences, 'own_recurrence', r.own_recurrence, 'state_positions', r.state_positions)" 2>&1 | tail -4
+from tandem.runner import gated_delta as g
+print('batch_sequences', r.batch_sequences, 'own_recurrence', r.own_recurrence, 'state_positions', r.state_positions, 'one-launch verify states', g._checked.get('each'))" 2>&1 | tail -4
   echo "== P=0.5 per-position"; spec 0.5 held ""
   echo "== P=0.5 replaying"; spec 0.5 replay TANDEM_STATE_POSITIONS=0
 fi

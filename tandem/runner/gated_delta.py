@@ -15,8 +15,10 @@ matched mlx-lm's ops on a random case (scalar and per-key gating). It is used on
 Tandem's own model calls (``active()``): mlx-lm's code in the same process (a benchmark's
 baseline) keeps its own path, and so does anything the kernel does not handle (a padding mask,
 key dims not a multiple of 32). ``TANDEM_GATED_DELTA_KERNEL=0`` turns it off. Where a call
-captures each position's state (a speculative verify, runner/positions.py), the recurrence
-runs position by position, on the kernel or mlx-lm's own path, and hands over every state.
+captures each position's state (a speculative verify, runner/positions.py), a variant of the
+kernel writes every position's state in the same launch (used once it gave, on random cases,
+exactly the kernel's states run to each length); without it the recurrence runs position by
+position, on the kernel or mlx-lm's own path, and hands over every state.
 """
 
 from __future__ import annotations
@@ -72,8 +74,15 @@ _BODY = """
         }
         for (int off = 16; off > 0; off /= 2) yv += __shfl_xor_sync(0xffffffff, yv, off);
         if (lane == 0) y[bh * DV + dv] = static_cast<T>(yv);
+        /*EACH*/
     }
     for (int e = 0; e < E; ++e) state_out[srow + lane + 32 * e] = s[e];
+"""
+# The variant that also writes the state after every position (a capturing verify,
+# runner/positions.py): states (B, T, HV, DV, DK), in the same launch.
+_EACH = """
+        size_t at = ((((size_t)b * TT + t) * HV + h) * DV + dv) * DK;
+        for (int e = 0; e < E; ++e) states[at + lane + 32 * e] = s[e];
 """
 
 _kernel: list = []
@@ -96,28 +105,36 @@ def active() -> Iterator[None]:
         positions.aim(None)  # (a call that raised leaves no capture behind)
 
 
-def _build():
+def _build(each: bool = False):
     if not _kernel:
-        _kernel.append(
-            mx.fast.cuda_kernel(
-                name="tandem_gated_delta",
-                input_names=["q", "k", "v", "g", "beta", "state_in", "dims"],
-                output_names=["y", "state_out"],
-                source=_BODY,
+        for every in (False, True):
+            _kernel.append(
+                mx.fast.cuda_kernel(
+                    name="tandem_gated_delta_each" if every else "tandem_gated_delta",
+                    input_names=["q", "k", "v", "g", "beta", "state_in", "dims"],
+                    output_names=["y", "state_out", *(["states"] if every else [])],
+                    source=_BODY.replace("/*EACH*/", _EACH if every else ""),
+                )
             )
-        )
-    return _kernel[0]
+    return _kernel[int(each)]
 
 
 def recurrence(
-    q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array
-) -> tuple[mx.array, mx.array]:
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    g: mx.array,
+    beta: mx.array,
+    state: mx.array,
+    each: bool = False,
+) -> list[mx.array]:
     """q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g (B, T, Hv) or (B, T, Hv, Dk); beta (B, T, Hv);
-    state (B, Hv, Dv, Dk) -> y (B, T, Hv, Dv) in q's dtype, the new state in float32."""
+    state (B, Hv, Dv, Dk) -> y (B, T, Hv, Dv) in q's dtype, the new state in float32 and,
+    with ``each``, the state after every position (B, T, Hv, Dv, Dk)."""
     b, t, hk, dk = q.shape
     hv, dv = v.shape[-2:]
     warps = b * hv * dv
-    y, new_state = _build()(
+    return _build(each)(
         inputs=[q, k, v, g, beta, state.astype(mx.float32), mx.array([b, t], dtype=mx.int32)],
         template=[
             ("T", q.dtype),
@@ -129,10 +146,9 @@ def recurrence(
         ],
         grid=(-(-warps // 4) * 128, 1, 1),
         threadgroup=(128, 1, 1),
-        output_shapes=[(b, t, hv, dv), (b, hv, dv, dk)],
-        output_dtypes=[q.dtype, mx.float32],
+        output_shapes=[(b, t, hv, dv), (b, hv, dv, dk), *([(b, t, hv, dv, dk)] if each else [])],
+        output_dtypes=[q.dtype, mx.float32, *([mx.float32] if each else [])],
     )
-    return y, new_state
 
 
 def update(
@@ -189,7 +205,12 @@ def update(
         hv, dv = v.shape[-2:]
         state = mx.zeros((bsz, hv, dv, dk), dtype=mx.float32)
     if capture is None:
-        return recurrence(q, k, v, g, beta, state)
+        y, state = recurrence(q, k, v, g, beta, state)
+        return y, state
+    if kernel and _checked.get("each"):  # one launch, every position's state on the way
+        y, state, every = recurrence(q, k, v, g, beta, state, each=True)
+        capture.states = [every[:, t] for t in range(q.shape[1])]
+        return y, state
     # Each position alone, as the recurrence would run it (mlx-lm's ops loop the same way).
     ys, states = [], []
     for t in range(q.shape[1]):
@@ -226,10 +247,20 @@ def available() -> bool:
             except Exception as e:  # noqa: BLE001 - any failure: mlx-lm's ops are used
                 log.warning("gated delta kernel unavailable (%s: %s)", type(e).__name__, e)
         _checked["ok"] = ok
+        each = False
+        if ok:  # its variant for capturing verifies (else they launch it per position)
+            try:
+                each = all(_check_each(vec) for vec in (False, True))
+            except Exception as e:  # noqa: BLE001
+                log.warning("gated delta kernel: no per-position variant (%s)", e)
+        _checked["each"] = each
+        if each:
+            log.info("gated delta kernel: a verify keeps every position's state in one launch")
     return _checked["ok"]
 
 
-def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
+def _case(vector_gate: bool, dtype: mx.Dtype) -> tuple[mx.array, ...]:
+    """Random q, k, v, g, beta and state for the checks."""
     bsz, t, hk, hv, dk, dv = 2, 7, 2, 4, 64, 32
     keys = mx.random.split(mx.random.key(3), 6)
     q = mx.random.normal((bsz, t, hk, dk), key=keys[0]).astype(dtype) * 0.3
@@ -239,6 +270,11 @@ def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
     g = mx.random.uniform(0.5, 1.0, shape, key=keys[3])
     beta = mx.random.uniform(0.0, 1.0, (bsz, t, hv), key=keys[4])
     state = mx.random.normal((bsz, hv, dv, dk), key=keys[5])
+    return q, k, v, g, beta, state
+
+
+def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
+    q, k, v, g, beta, state = _case(vector_gate, dtype)
     y, s = recurrence(q, k, v, g, beta, state)
     y_ref, s_ref = mlx_gd.gated_delta_ops(q, k, v, g, beta, state)
     # float32 arithmetic in both, summed in another order; y then rounds to q's dtype.
@@ -250,6 +286,22 @@ def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
     if not ok:
         err = float(mx.max(mx.abs(y.astype(mx.float32) - y_ref.astype(mx.float32))))
         log.warning("gated delta kernel disagrees with mlx-lm's ops (%.3g); not used", err)
+    return ok
+
+
+def _check_each(vector_gate: bool) -> bool:
+    """The variant writing every position's state: the same y and last state as the kernel,
+    and after position j the kernel's state over the first j + 1 positions (the same
+    arithmetic in the same order: equal)."""
+    q, k, v, g, beta, state = _case(vector_gate, mx.float32)
+    y, s = recurrence(q, k, v, g, beta, state)
+    y_each, s_each, every = recurrence(q, k, v, g, beta, state, each=True)
+    ok = bool(mx.array_equal(y_each, y)) and bool(mx.array_equal(s_each, s))
+    for j in range(q.shape[1]):
+        x = (q[:, : j + 1], k[:, : j + 1], v[:, : j + 1], g[:, : j + 1], beta[:, : j + 1])
+        ok = ok and bool(mx.array_equal(every[:, j], recurrence(*x, state)[1]))
+    if not ok:
+        log.warning("gated delta kernel: its per-position variant disagrees; not used")
     return ok
 
 
