@@ -158,3 +158,37 @@ def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_co
         assert sched.stats.spec_verifies < 0.5 * 160
     else:
         assert sched.gain.gain > 1.0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_loop_times_each_step_once_and_not_the_idle_time(overlap):
+    """A chained step's time is the interval between finalizes, a fresh one's runs from its
+    launch: with every step costing one unit of the fake runner's finalize, every timed
+    step reads one unit, overlap on and off, and an idle minute between two requests is in
+    neither's time."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_speculation import drive, engine_for
+
+    from tandem.engine.speculation import SpecConfig
+
+    engine, runner = engine_for(overlap, speculation=SpecConfig(num_tokens=4, min_gain=1.0))
+    now = [0.0]
+    finalize = runner.finalize
+
+    def finalizing(handle):
+        now[0] += 1.0
+        return finalize(handle)
+
+    runner.finalize = finalizing
+    engine.loop.clock = lambda: now[0]
+    seconds: list[float] = []
+    timed = engine.scheduler.gain.timed
+    engine.scheduler.gain.timed = lambda sid, tokens, s: (seconds.append(s), timed(sid, tokens, s))
+    drive(engine, {0: [("a", [3, 5, 7, 9], 1, 12)]})
+    now[0] += 60.0  # idle
+    drive(engine, {0: [("b", [4, 6, 8, 10], 2, 12)]})
+    assert len(seconds) >= 10 and set(seconds) == {1.0}
+    assert engine.loop.num_chained > 0 if overlap else engine.loop.num_chained == 0
