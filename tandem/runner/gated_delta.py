@@ -85,7 +85,7 @@ _EACH = """
         for (int e = 0; e < E; ++e) states[at + lane + 32 * e] = s[e];
 """
 
-_kernel: list = []
+_kernels: dict[bool, object] = {}  # each -> the kernel (built on first use)
 _checked: dict[str, bool] = {}
 # Open while Tandem's runner calls the model (MLX is driven from one thread). The seam is a
 # module-level function mlx-lm's layers call with fixed arguments, so whose call it is cannot
@@ -106,17 +106,14 @@ def active() -> Iterator[None]:
 
 
 def _build(each: bool = False):
-    if not _kernel:
-        for every in (False, True):
-            _kernel.append(
-                mx.fast.cuda_kernel(
-                    name="tandem_gated_delta_each" if every else "tandem_gated_delta",
-                    input_names=["q", "k", "v", "g", "beta", "state_in", "dims"],
-                    output_names=["y", "state_out", *(["states"] if every else [])],
-                    source=_BODY.replace("/*EACH*/", _EACH if every else ""),
-                )
-            )
-    return _kernel[int(each)]
+    if each not in _kernels:
+        _kernels[each] = mx.fast.cuda_kernel(
+            name="tandem_gated_delta_each" if each else "tandem_gated_delta",
+            input_names=["q", "k", "v", "g", "beta", "state_in", "dims"],
+            output_names=["y", "state_out", *(["states"] if each else [])],
+            source=_BODY.replace("/*EACH*/", _EACH if each else ""),
+        )
+    return _kernels[each]
 
 
 def recurrence(
@@ -166,9 +163,9 @@ def update(
     lower_bound: float | None = None,
     allow_neg_eigval: bool = False,
 ) -> tuple[mx.array, mx.array]:
-    """mlx-lm's ``gated_delta_update``, the recurrence on the CUDA kernel where installed,
-    and position by position where the call captures each position's state
-    (runner/positions.py)."""
+    """mlx-lm's ``gated_delta_update``, the recurrence on the CUDA kernel where installed;
+    where the call captures each position's state (runner/positions.py), the kernel's
+    variant that writes them all in one launch, or else position by position."""
     capture = positions.current() if _active[0] and mask is None else None
     kernel = (
         _active[0]
@@ -209,7 +206,9 @@ def update(
         return y, state
     if kernel and _checked.get("each"):  # one launch, every position's state on the way
         y, state, every = recurrence(q, k, v, g, beta, state, each=True)
-        capture.states = [every[:, t] for t in range(q.shape[1])]
+        # Arrays of their own (a copy where a slice is not contiguous, i.e. B > 1), so a
+        # held position does not keep the whole (B, T, ...) buffer (runner/state.py).
+        capture.states = [mx.contiguous(every[:, t]) for t in range(q.shape[1])]
         return y, state
     # Each position alone, as the recurrence would run it (mlx-lm's ops loop the same way).
     ys, states = [], []
@@ -250,7 +249,11 @@ def available() -> bool:
         each = False
         if ok:  # its variant for capturing verifies (else they launch it per position)
             try:
-                each = all(_check_each(vec) for vec in (False, True))
+                each = all(
+                    _check_each(vec, dtype)
+                    for vec in (False, True)
+                    for dtype in (mx.float32, mx.bfloat16)
+                )
             except Exception as e:  # noqa: BLE001
                 log.warning("gated delta kernel: no per-position variant (%s)", e)
         _checked["each"] = each
@@ -289,17 +292,22 @@ def _check(vector_gate: bool, dtype: mx.Dtype) -> bool:
     return ok
 
 
-def _check_each(vector_gate: bool) -> bool:
-    """The variant writing every position's state: the same y and last state as the kernel,
-    and after position j the kernel's state over the first j + 1 positions (the same
-    arithmetic in the same order: equal)."""
-    q, k, v, g, beta, state = _case(vector_gate, mx.float32)
-    y, s = recurrence(q, k, v, g, beta, state)
+def _check_each(vector_gate: bool, dtype: mx.Dtype) -> bool:
+    """The variant writing every position's state against what a capturing call ran before
+    it (and still runs without it): the kernel launched once per position, each launch from
+    the state the last one left. The same arithmetic in the same order: equal outputs, and
+    the state after position j equal to the j-th launch's."""
+    q, k, v, g, beta, state = _case(vector_gate, dtype)
     y_each, s_each, every = recurrence(q, k, v, g, beta, state, each=True)
-    ok = bool(mx.array_equal(y_each, y)) and bool(mx.array_equal(s_each, s))
+    ys, s = [], state
+    ok = True
     for j in range(q.shape[1]):
-        x = (q[:, : j + 1], k[:, : j + 1], v[:, : j + 1], g[:, : j + 1], beta[:, : j + 1])
-        ok = ok and bool(mx.array_equal(every[:, j], recurrence(*x, state)[1]))
+        x = (q[:, j : j + 1], k[:, j : j + 1], v[:, j : j + 1], g[:, j : j + 1], beta[:, j : j + 1])
+        y, s = recurrence(*x, s)
+        ys.append(y)
+        ok = ok and bool(mx.array_equal(every[:, j], s))
+    ok = ok and bool(mx.array_equal(y_each, mx.concatenate(ys, axis=1)))
+    ok = ok and bool(mx.array_equal(s_each, s))
     if not ok:
         log.warning("gated delta kernel: its per-position variant disagrees; not used")
     return ok

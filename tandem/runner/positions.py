@@ -13,13 +13,13 @@ That is so for layers as mlx-lm writes Gated DeltaNet (Qwen3-Next, Qwen3.5, Kimi
 OLMo Hybrid, Ling (bailing_moe_v3)), Mamba-2 (Mamba-2, Nemotron-H, Falcon-H1, Granite 4.0,
 PLaMo 2) and short convolutions alone (LFM2): short convolutions (one, or q, k and v) over
 ``concat(conv_state, x)``, whose state after position ``j`` is that input's ``keep`` rows
-after row ``j``, then (but in LFM2) a gated delta recurrence (run
-position by position, runner/gated_delta.py) or Mamba-2's SSD (each position's state in
-closed form, ``ssm_update`` here). While a call captures, each layer's ``StepState`` is
-the current target (set when the layer reads its cache, as it does first) of its
-convolution's input and its recurrence's states. ``install`` marks the convolutions; the
-load check (``check``, from runner/verify.py) proves the states resume as mlx-lm runs, or
-the engine replays instead.
+after row ``j``, then (but in LFM2) a gated delta recurrence (every position's state from
+one CUDA launch, or position by position; runner/gated_delta.py) or Mamba-2's SSD (each
+position's state in closed form, ``ssm_update`` here). While a call captures, each
+layer's ``StepState`` is the current target (set when the layer reads its cache, as it does
+first) of its convolution's input and its recurrence's states. ``install`` marks the
+convolutions; the load check (``check``, from runner/verify.py) proves the states resume as
+mlx-lm runs, or the engine replays instead.
 """
 
 from __future__ import annotations

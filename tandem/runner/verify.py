@@ -79,16 +79,16 @@ def scratch(runner: ModelRunner, pages: int, slots: int) -> Iterator[None]:
     of ``PAGE`` positions (the real pool's write path, in place or scatters; sliding-window
     layers in a window group of as many pages) and ``slots`` recurrent-state slots."""
     saved = runner.pool, runner.state_pool
-    runner.pool = PagePool(
-        runner.specs,
-        pages,
-        PAGE,
-        double_buffer=False,
-        inplace=bool(saved[0] and saved[0].inplace),
-        window_pages=pages if runner.max_window else 0,
-    )
-    runner.state_pool = StatePool(runner.state_specs, slots) if runner.state_specs else None
     try:
+        runner.pool = PagePool(
+            runner.specs,
+            pages,
+            PAGE,
+            double_buffer=False,
+            inplace=bool(saved[0] and saved[0].inplace),
+            window_pages=pages if runner.max_window else 0,
+        )
+        runner.state_pool = StatePool(runner.state_specs, slots) if runner.state_specs else None
         yield
     finally:
         runner.pool, runner.state_pool = saved
