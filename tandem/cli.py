@@ -238,6 +238,12 @@ def _bench_kv_quant(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench_report(args: argparse.Namespace) -> int:
+    from tandem.bench.report import main as run
+
+    return run(args)
+
+
 def _bench_compare(args: argparse.Namespace) -> int:
     from tandem.bench import compare
 
@@ -342,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_kv_quant_arguments(kvq)
     kvq.set_defaults(func=_bench_kv_quant)
+    rep = bsub.add_parser("report", help="one machine's benchmark summary, one command")
+    from tandem.bench.report import add_arguments as add_report_arguments
+
+    add_report_arguments(rep)
+    rep.set_defaults(func=_bench_report)
     return p
 
 

@@ -28,3 +28,64 @@ def test_plain_loop_ceiling_decodes_mlx_lms_greedy_tokens(tiny_model_dir):
     for p, t in zip(prompts, tokens, strict=True):
         assert t == reference(path, p, 10)
     assert offline.plain_loop(path, 2, 16, 8, 1, 400, prefill=True) > 0
+
+
+def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
+    """`tandem bench report`'s lists parse as the bench commands they run (a renamed flag
+    would otherwise surface only on the device), and the summary renders their JSON."""
+    import json
+
+    from tandem.bench import report
+    from tandem.cli import build_parser
+
+    parser = build_parser()
+    for machine, entries in report.PROFILES.items():
+        assert len({e.name for e in entries}) == len(entries), machine
+        for entry in entries:
+            argv = report.command(entry, tmp_path)[3:]  # after python -m tandem.cli
+            args = parser.parse_args(argv)
+            assert args.json == str(tmp_path / f"{entry.name}.json")
+    offline = {
+        "single": {
+            "mlx_lm_tok_s": 100.0,
+            "tandem_tok_s": 130.0,
+            "ratio_vs_mlx_lm": 1.3,
+            "ceiling_tok_s": 140.0,
+            "of_ceiling": 0.93,
+            "overlap_on_off": 1.2,
+        },
+        "batch_16": {"mlx_lm_tok_s": 800.0, "tandem_tok_s": 1200.0, "ratio_vs_mlx_lm": 1.5},
+    }
+    spec = {
+        "rows": [
+            {
+                "workload": "random",
+                "streams": 1,
+                "spec_tokens": 0,
+                "tok_s": 50.0,
+                "ratio": 1.0,
+                "acceptance": None,
+                "mean_accepted_per_verify": None,
+                "exact": True,
+            },
+            {
+                "workload": "random",
+                "streams": 1,
+                "spec_tokens": 4,
+                "tok_s": 90.0,
+                "ratio": 1.8,
+                "acceptance": 0.7,
+                "mean_accepted_per_verify": 2.8,
+                "backoffs": 0,
+                "exact": True,
+            },
+        ]
+    }
+    (tmp_path / "offline-tiny.json").write_text(json.dumps(offline))
+    (tmp_path / "spec-ngram.json").write_text(json.dumps(spec))
+    text = report.render("cpu", tmp_path)
+    assert "| single stream | 100.0 | 130.0 | **1.30** | 140.0 | 0.93 | 1.20 |" in text
+    assert "| B = 16 | 800.0 | 1,200.0 | **1.50** |" in text
+    assert "| random | 1 | 4 | 90.0 | **1.80** | 70% | 2.80 | 0 | yes |" in text
+    assert "(not run)" in text  # the entries without JSON
+    assert "tandem bench offline --shape tiny" in text

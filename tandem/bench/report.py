@@ -1,0 +1,280 @@
+"""One command per machine for the benchmark summary: ``tandem bench report --machine cpu``
+(or ``gpu``) runs a fixed list of benchmarks, each as its own process writing JSON under
+``--out``, then renders ``--out``/README.md from every JSON there, with the commit, the
+machine and the command of each row.
+
+On the device machine a call may not run the whole list (10 minutes a call): ``--only
+NAME,...`` runs some entries and renders what is there; a later call runs the rest into the
+same folder (carried back between calls), and ``--render`` only renders. Entries whose JSON
+exists are skipped unless ``--again``.
+
+The summary is the headline numbers (Tandem against mlx-lm and the plain-loop ceiling, in
+one process; speculation against none); docs/benchmarks.md keeps the narrative, and links
+each machine's summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tandem.bench import provenance
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str  # "offline" | "speculative": which renderer reads its JSON
+    title: str
+    argv: tuple[str, ...]  # after ``python -m tandem.cli bench``
+    model: str | None = None  # a bench shape written first (``models_dir``; --model DIR)
+    dtype: str = "float32"
+
+
+def _offline(shape: str, batches: str, i: int, o: int, single: int, reps: int, dtype: str):
+    return (
+        "offline",
+        *("--shape", shape, "--dtype", dtype, "--batch-sizes", batches),
+        *("--input-len", str(i), "--output-len", str(o), "--single-tokens", str(single)),
+        *("--repeats", str(reps), "--overlap-batch", "0", "--ceiling"),
+    )
+
+
+def _spec(*extra: str) -> tuple[str, ...]:
+    return ("speculative", "--num-tokens", "4", *extra)
+
+
+PROFILES: dict[str, tuple[Entry, ...]] = {
+    "cpu": (
+        Entry(
+            "offline-smollm2",
+            "offline",
+            "SmolLM2-135M shape, float32",
+            _offline("smollm2-135m", "16,64", 128, 128, 64, 3, "float32"),
+        ),
+        Entry(
+            "offline-tiny",
+            "offline",
+            "tiny llama (host-bound), float32",
+            _offline("tiny", "16,64", 256, 256, 256, 3, "float32"),
+        ),
+        Entry(
+            "offline-qwen3.5-tiny",
+            "offline",
+            "Qwen3.5 hybrid, tiny width, float32",
+            _offline("qwen3.5-tiny", "16", 128, 64, 64, 2, "float32"),
+        ),
+        Entry(
+            "spec-ngram",
+            "speculative",
+            "n-gram speculation, the default model (float32)",
+            _spec("--streams", "1,4", "--max-tokens", "64", "--repeats", "2"),
+        ),
+        Entry(
+            "spec-hybrid",
+            "speculative",
+            "Qwen3.5 hybrid tiny, oracle proposals half wrong",
+            _spec(
+                *("--workloads", "random", "--streams", "1,4", "--prompt-tokens", "256"),
+                *("--max-tokens", "128", "--repeats", "3", "--dtype", "float32"),
+                *("--oracle", "0.5"),
+            ),
+            model="qwen3.5-tiny",
+        ),
+    ),
+    "gpu": (
+        Entry(
+            "offline-qwen3-0.6b",
+            "offline",
+            "Qwen3-0.6B shape, bf16",
+            _offline("qwen3-0.6b", "16,64,256", 256, 256, 256, 2, "bfloat16"),
+        ),
+        Entry(
+            "offline-qwen3-8b",
+            "offline",
+            "Qwen3-8B shape, bf16",
+            _offline("qwen3-8b", "16,64", 128, 128, 128, 2, "bfloat16"),
+        ),
+        Entry(
+            "offline-qwen3.5-2b",
+            "offline",
+            "Qwen3.5 ~2B hybrid shape, bf16",
+            _offline("qwen3.5-2b", "16,64", 256, 128, 128, 2, "bfloat16"),
+        ),
+        Entry(
+            "offline-gemma3-1b",
+            "offline",
+            "Gemma 3 1B shape (sliding windows), bf16",
+            _offline("gemma3-1b", "16,64", 256, 128, 128, 2, "bfloat16"),
+        ),
+        Entry(
+            "spec-ngram",
+            "speculative",
+            "n-gram speculation, the default model (its 4-bit GGUF)",
+            _spec("--streams", "1,4", "--max-tokens", "128", "--repeats", "3"),
+        ),
+        Entry(
+            "spec-hybrid",
+            "speculative",
+            "Qwen3.5 ~2B hybrid, oracle proposals half wrong (float32 compute)",
+            _spec(
+                *("--workloads", "random", "--streams", "1,4", "--prompt-tokens", "256"),
+                *("--max-tokens", "64", "--repeats", "2", "--dtype", "float32"),
+                *("--oracle", "0.5"),
+            ),
+            model="qwen3.5-2b",
+            dtype="bfloat16",
+        ),
+    ),
+}
+
+
+def models_dir(entry: Entry) -> Path:
+    """Where an entry's random-weight model is written (the model cache, not ``--out``)."""
+    from tandem.model_source import cache_dir
+
+    return cache_dir() / "bench-models" / entry.dtype
+
+
+def command(entry: Entry, out: Path, models: Path | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "tandem.cli", "bench", *entry.argv]
+    if entry.model is not None:
+        argv += ["--model", str((models or models_dir(entry)) / entry.model)]
+    return [*argv, "--json", str(out / f"{entry.name}.json")]
+
+
+def run_entry(entry: Entry, out: Path, timeout: float) -> dict[str, Any]:
+    """Run one benchmark in a process of its own; its log beside its JSON."""
+    if entry.model is not None and not (models_dir(entry) / entry.model).exists():
+        from tandem.bench.offline import make_model
+
+        make_model(entry.model, entry.dtype, models_dir(entry))
+    argv = command(entry, out)
+    t = time.perf_counter()
+    with open(out / f"{entry.name}.log", "w") as log:
+        try:
+            rc = subprocess.run(
+                argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return {"name": entry.name, "rc": rc, "seconds": round(time.perf_counter() - t, 1)}
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "" if x is None else f"{x:,.{digits}f}"
+
+
+def render_offline(d: dict[str, Any]) -> list[str]:
+    rows = [
+        "| | mlx-lm tok/s | Tandem tok/s | ratio | ceiling tok/s | of ceiling | overlap on/off |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = ["single"] + sorted(
+        (k for k in d if k.startswith("batch_")), key=lambda k: int(k.split("_")[1])
+    )
+    for key in keys:
+        if key not in d:
+            continue
+        r = d[key]
+        label = "single stream" if key == "single" else f"B = {key.split('_')[1]}"
+        rows.append(
+            f"| {label} | {_fmt(r.get('mlx_lm_tok_s'))} | {_fmt(r.get('tandem_tok_s'))} "
+            f"| **{_fmt(r.get('ratio_vs_mlx_lm'), 2)}** | {_fmt(r.get('ceiling_tok_s'))} "
+            f"| {_fmt(r.get('of_ceiling'), 2)} | {_fmt(r.get('overlap_on_off'), 2)} |"
+        )
+    return rows
+
+
+def render_speculative(d: dict[str, Any]) -> list[str]:
+    rows = [
+        "| workload | streams | K | tok/s | vs off | accepted | per verify | back-offs "
+        "| same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in d.get("rows", []):
+        acc = r.get("acceptance")
+        same = "yes" if r.get("exact", True) else f"differ from token {r.get('first_diff')}"
+        rows.append(
+            f"| {r['workload']} | {r['streams']} | {r['spec_tokens'] or 'off'} "
+            f"| {_fmt(r['tok_s'])} | **{_fmt(r.get('ratio'), 2)}** "
+            f"| {'' if acc is None else f'{acc:.0%}'} "
+            f"| {_fmt(r.get('mean_accepted_per_verify'), 2)} | {r.get('backoffs', '')} | {same} |"
+        )
+    return rows
+
+
+RENDER = {"offline": render_offline, "speculative": render_speculative}
+
+
+def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) -> str:
+    env = provenance.environment()
+    tandem = env.get("tandem") or {}
+    commit = (tandem.get("git_commit") or "unknown")[:12] + (
+        " (dirty)" if tandem.get("dirty") else ""
+    )
+    where = env.get("gpu") or f"{env.get('platform')}, {env.get('cpu_count')} CPUs"
+    lines = [
+        f"# Benchmark summary: {machine}",
+        "",
+        f"Commit `{commit}`, {time.strftime('%Y-%m-%d')}; {where}",
+        "",
+        f"Made by `tandem bench report --machine {machine} --out {out}` (tandem/bench/report.py);",
+        "each table's command is under it, its JSON and log beside this file.",
+    ]
+    versions = env.get("versions") or {}
+    if versions:
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))]
+    for entry in PROFILES[machine]:
+        path = out / f"{entry.name}.json"
+        lines += ["", f"## {entry.title}", ""]
+        if not path.exists():
+            lines.append("(not run)")
+            continue
+        lines += RENDER[entry.kind](json.loads(path.read_text()))
+        shown = command(entry, Path("OUT"), Path("MODELS"))[3:]
+        lines += ["", "    " + " ".join(["tandem", *shown])]
+    if runs:
+        lines += ["", "## This run", "", "| entry | exit | seconds |", "|---|---|---:|"]
+        lines += [f"| {r['name']} | {r['rc']} | {r['seconds']} |" for r in runs]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--machine", choices=sorted(PROFILES), required=True)
+    p.add_argument("--out", required=True, help="folder of the JSONs, logs and README.md")
+    p.add_argument("--only", help="comma-separated entry names (default: all)")
+    p.add_argument("--again", action="store_true", help="rerun entries whose JSON exists")
+    p.add_argument("--render", action="store_true", help="only render README.md")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per entry")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = PROFILES[args.machine]
+    names = {e.name for e in entries}
+    only = set(args.only.split(",")) if args.only else names
+    unknown = only - names
+    if unknown:
+        print(f"unknown entries {sorted(unknown)}; {args.machine} has {sorted(names)}")
+        return 2
+    runs: list[dict[str, Any]] = []
+    if not args.render:
+        for entry in entries:
+            if entry.name not in only:
+                continue
+            if (out / f"{entry.name}.json").exists() and not args.again:
+                continue
+            print(f"== {entry.name}", flush=True)
+            runs.append(run_entry(entry, out, args.timeout))
+            print(f"   {runs[-1]}", flush=True)
+    (out / "README.md").write_text(render(args.machine, out, runs))
+    print(f"wrote {out / 'README.md'}")
+    return 0 if all(r["rc"] == 0 for r in runs) else 1
