@@ -37,99 +37,76 @@ class Entry:
     dtype: str = "float32"
 
 
-def _offline(shape: str, batches: str, i: int, o: int, single: int, reps: int, dtype: str):
-    return (
+def _offline(
+    shape: str, title: str, batches: str, lengths: tuple[int, int, int], reps: int, dtype: str
+) -> Entry:
+    """Tandem vs mlx-lm and the ceiling on a bench shape; ``lengths``: input, output and
+    single-stream tokens."""
+    i, o, single = (str(n) for n in lengths)
+    argv = (
         "offline",
         *("--shape", shape, "--dtype", dtype, "--batch-sizes", batches),
-        *("--input-len", str(i), "--output-len", str(o), "--single-tokens", str(single)),
+        *("--input-len", i, "--output-len", o, "--single-tokens", single),
         *("--repeats", str(reps), "--overlap-batch", "0", "--ceiling"),
     )
+    return Entry(f"offline-{shape.replace('smollm2-135m', 'smollm2')}", "offline", title, argv)
 
 
-def _spec(*extra: str) -> tuple[str, ...]:
-    return ("speculative", "--num-tokens", "4", *extra)
+def _ngram(title: str, max_tokens: int, reps: int) -> Entry:
+    """n-gram speculation against none on the default model (its copy and random loads)."""
+    argv = ("speculative", "--num-tokens", "4", "--streams", "1,4")
+    argv += ("--max-tokens", str(max_tokens), "--repeats", str(reps))
+    return Entry("spec-ngram", "speculative", title, argv)
+
+
+def _hybrid(title: str, shape: str, max_tokens: int, reps: int, weights: str) -> Entry:
+    """Speculation on a hybrid shape with the oracle's proposals half wrong, in float32
+    (so the oracle's text stays the model's: runner/positions.py, docs/benchmarks.md)."""
+    argv = ("speculative", "--num-tokens", "4", "--workloads", "random", "--streams", "1,4")
+    argv += ("--prompt-tokens", "256", "--max-tokens", str(max_tokens))
+    argv += ("--repeats", str(reps), "--dtype", "float32", "--oracle", "0.5")
+    return Entry("spec-hybrid", "speculative", title, argv, model=shape, dtype=weights)
 
 
 PROFILES: dict[str, tuple[Entry, ...]] = {
     "cpu": (
-        Entry(
-            "offline-smollm2",
-            "offline",
-            "SmolLM2-135M shape, float32",
-            _offline("smollm2-135m", "16,64", 128, 128, 64, 3, "float32"),
+        _offline(
+            "smollm2-135m", "SmolLM2-135M shape, float32", "16,64", (128, 128, 64), 3, "float32"
         ),
-        Entry(
-            "offline-tiny",
-            "offline",
-            "tiny llama (host-bound), float32",
-            _offline("tiny", "16,64", 256, 256, 256, 3, "float32"),
+        _offline(
+            "tiny", "tiny llama (host-bound), float32", "16,64", (256, 256, 256), 3, "float32"
         ),
-        Entry(
-            "offline-qwen3.5-tiny",
-            "offline",
-            "Qwen3.5 hybrid, tiny width, float32",
-            _offline("qwen3.5-tiny", "16", 128, 64, 64, 2, "float32"),
+        _offline(
+            "qwen3.5-tiny", "Qwen3.5 hybrid, tiny width, float32", "16", (128, 64, 64), 2, "float32"
         ),
-        Entry(
-            "spec-ngram",
-            "speculative",
-            "n-gram speculation, the default model (float32)",
-            _spec("--streams", "1,4", "--max-tokens", "64", "--repeats", "2"),
-        ),
-        Entry(
-            "spec-hybrid",
-            "speculative",
-            "Qwen3.5 hybrid tiny, oracle proposals half wrong",
-            _spec(
-                *("--workloads", "random", "--streams", "1,4", "--prompt-tokens", "256"),
-                *("--max-tokens", "128", "--repeats", "3", "--dtype", "float32"),
-                *("--oracle", "0.5"),
-            ),
-            model="qwen3.5-tiny",
+        _ngram("n-gram speculation, the default model (float32)", 64, 2),
+        _hybrid(
+            "Qwen3.5 hybrid tiny, oracle proposals half wrong", "qwen3.5-tiny", 128, 3, "float32"
         ),
     ),
     "gpu": (
-        Entry(
-            "offline-qwen3-0.6b",
-            "offline",
-            "Qwen3-0.6B shape, bf16",
-            _offline("qwen3-0.6b", "16,64,256", 256, 256, 256, 2, "bfloat16"),
+        _offline(
+            "qwen3-0.6b", "Qwen3-0.6B shape, bf16", "16,64,256", (256, 256, 256), 2, "bfloat16"
         ),
-        Entry(
-            "offline-qwen3-8b",
-            "offline",
-            "Qwen3-8B shape, bf16",
-            _offline("qwen3-8b", "16,64", 128, 128, 128, 2, "bfloat16"),
+        _offline("qwen3-8b", "Qwen3-8B shape, bf16", "16,64", (128, 128, 128), 2, "bfloat16"),
+        _offline(
+            "qwen3.5-2b", "Qwen3.5 ~2B hybrid shape, bf16", "16,64", (256, 128, 128), 2, "bfloat16"
         ),
-        Entry(
-            "offline-qwen3.5-2b",
-            "offline",
-            "Qwen3.5 ~2B hybrid shape, bf16",
-            _offline("qwen3.5-2b", "16,64", 256, 128, 128, 2, "bfloat16"),
-        ),
-        Entry(
-            "offline-gemma3-1b",
-            "offline",
+        _offline(
+            "gemma3-1b",
             "Gemma 3 1B shape (sliding windows), bf16",
-            _offline("gemma3-1b", "16,64", 256, 128, 128, 2, "bfloat16"),
+            "16,64",
+            (256, 128, 128),
+            2,
+            "bfloat16",
         ),
-        Entry(
-            "spec-ngram",
-            "speculative",
-            "n-gram speculation, the default model (its 4-bit GGUF)",
-            _spec("--streams", "1,4", "--max-tokens", "128", "--repeats", "3"),
-        ),
-        Entry(
-            "spec-hybrid",
-            "speculative",
+        _ngram("n-gram speculation, the default model (its 4-bit GGUF)", 128, 3),
+        _hybrid(
             "Qwen3.5 ~2B hybrid, oracle proposals half wrong (float32 compute)",
-            _spec(
-                *("--workloads", "random", "--streams", "1,4", "--prompt-tokens", "256"),
-                *("--max-tokens", "64", "--repeats", "2", "--dtype", "float32"),
-                *("--oracle", "0.5"),
-            ),
-            model="qwen3.5-2b",
-            dtype="bfloat16",
+            "qwen3.5-2b",
+            64,
+            2,
+            "bfloat16",
         ),
     ),
 }
