@@ -35,7 +35,9 @@ def first_key(pos, span: int | None):
         return 0 * pos
     if span < 0:
         return pos // -span * -span
-    return np.maximum(0, pos - span + 1)
+    if isinstance(pos, np.ndarray):
+        return np.maximum(0, pos - span + 1)
+    return max(0, pos - span + 1)  # (per decode row each step: no numpy scalar)
 
 
 class DecodeGroup:
