@@ -26,13 +26,14 @@ model type of mlx-lm combines the two).
 from __future__ import annotations
 
 import inspect
-import sys
 from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+
+from tandem.runner.layers import model_modules
 
 
 class _Rows(ModuleType):
@@ -88,11 +89,9 @@ def _llama4_text_model(module: ModuleType) -> None:
 def install(model: nn.Module) -> bool:
     """Adapt the modules of ``model`` that take the cache offset as a number; True when one
     was (or already had been)."""
-    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
     found = False
-    for name in names:
-        module = sys.modules.get(name)
-        if module is None or not name.startswith("mlx_lm."):
+    for name, module in model_modules(model).items():
+        if not name.startswith("mlx_lm."):
             continue
         if module.__dict__.get("np") is NUMPY or module.__dict__.get("mx") is MLX:
             found = True

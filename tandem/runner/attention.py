@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from tandem.runner import kernels, kv_owners, kv_quant
-from tandem.runner.layers import ProbeCache
+from tandem.runner.layers import ProbeCache, model_modules
 from tandem.runner.paged import PagedCache, flat_tokens
 from tandem.runner.step_context import AttnView
 
@@ -49,12 +49,10 @@ def has_seam(module: ModuleType) -> bool:
 def install(model: nn.Module) -> None:
     """Route the model's attention through ``paged_sdpa`` in every module its layers come
     from that has the seam (a model may reuse another model's attention class)."""
-    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
-    for name in names:
-        module = sys.modules.get(name)
+    for name, module in model_modules(model).items():
         if name == "mlx_lm.models.base" or not name.startswith("mlx_lm."):
             continue  # base defines the function itself
-        if module is not None and has_seam(module) and getattr(module, SEAM) is not paged_sdpa:
+        if has_seam(module) and getattr(module, SEAM) is not paged_sdpa:
             module.__dict__[SEAM] = paged_sdpa
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 
 import mlx.core as mx
@@ -34,6 +33,7 @@ import mlx.nn as nn
 from mlx_lm.models import gated_delta as mlx_gd
 
 from tandem.runner import positions
+from tandem.runner.layers import model_modules
 
 log = logging.getLogger("tandem")
 
@@ -318,13 +318,11 @@ def install(model: nn.Module) -> bool:
     position's state where asked, runner/positions.py, and runs the CUDA kernel where it
     passes its check); True when the kernel is used (the load check then allows for its
     other summation order)."""
-    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
     modules = [
-        sys.modules[n]
-        for n in names
+        m
+        for m in model_modules(model).values()
         # ``update`` already: a model of the same family loaded before in this process.
-        if n in sys.modules
-        and getattr(sys.modules[n], SEAM, None) in (mlx_gd.gated_delta_update, update)
+        if getattr(m, SEAM, None) in (mlx_gd.gated_delta_update, update)
     ]
     if not modules:
         return False

@@ -25,7 +25,9 @@ stores and what its attention does with them:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from types import ModuleType
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,6 +35,13 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache
 
 from tandem.runner import kv_owners
+
+
+def model_modules(model: nn.Module) -> dict[str, ModuleType]:
+    """The loaded modules the model and its layers come from, by name (where the seams and
+    adapters are installed: a model may reuse another model's classes)."""
+    names = {type(model).__module__} | {type(m).__module__ for m in model.modules()}
+    return {n: sys.modules[n] for n in names if n in sys.modules}
 
 
 @dataclass(frozen=True)
