@@ -182,6 +182,19 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _free() -> None:
+    """Give back what the last phase held before the next loads its own copy: a Tandem
+    engine lives in reference cycles until a collection, and MLX keeps freed buffers in its
+    cache (on an 80 GB GPU an 8B shape's copies and KV pools ran out of memory without
+    this)."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+
+
 class _NoEos:
     """A tokenizer stand-in for mlx-lm's batch_generate with EOS disabled."""
 
@@ -216,6 +229,7 @@ def single_stream(
     except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not run every family
         out["mlx_lm_error"] = f"{type(e).__name__}: {e}"[:300]
     model = None  # free it before Tandem loads its copy
+    _free()
     sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     for overlap in (True, False):
         llm = LLM(str(path), overlap=overlap, max_num_seqs=8, **engine_options)
@@ -231,6 +245,7 @@ def single_stream(
         key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
         out[key] = statistics.median(run_tandem() for _ in range(repeats))
         del llm
+        _free()
     if "mlx_lm_tok_s" in out:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
     out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
@@ -257,8 +272,12 @@ def plain_loop(
         _, t_first = plain_decode(model, prompt, steps)
         return b * steps / (time.perf_counter() - (t if prefill else t_first))
 
-    run_once()
-    return statistics.median(run_once() for _ in range(repeats))
+    try:
+        run_once()
+        return statistics.median(run_once() for _ in range(repeats))
+    finally:
+        model = None
+        _free()
 
 
 def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
@@ -318,6 +337,7 @@ def batched(
     except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not batch every family
         out["mlx_lm_error"] = f"{type(e).__name__}: {e}"[:300]
     model = None  # free it before Tandem loads its copy
+    _free()
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     for overlap in (True, False) if overlap_too else (True,):
         llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8), **engine_options)
@@ -329,6 +349,7 @@ def batched(
         key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
         out[key] = total / _median_time(run_tandem, repeats)
         del llm
+        _free()
     if "mlx_lm_tok_s" in out:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
     if overlap_too:
@@ -403,6 +424,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["single"]["tandem_tok_s"] / results["single"]["ceiling_tok_s"]
             )
         _report("single stream", results["single"])
+        _save(args.json, results)
         for b in [int(x) for x in args.batch_sizes.split(",") if x]:
             r = batched(
                 path,
@@ -421,9 +443,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 r["of_ceiling"] = r["tandem_tok_s"] / r["ceiling_tok_s"]
             results[f"batch_{b}"] = r
             _report(f"B={b}", r)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+            _save(args.json, results)
+    _save(args.json, results)
     return results
+
+
+def _save(path: str | None, results: dict[str, Any]) -> None:
+    """Written after every row, so a run that dies later (a device's out-of-memory or a
+    crash inside MLX) keeps the rows it finished."""
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2))
 
 
 def _report(name: str, r: dict[str, Any]) -> None:

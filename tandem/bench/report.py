@@ -148,6 +148,13 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "" if x is None else f"{x:,.{digits}f}"
 
 
+def _failed(error: str | None) -> str:
+    """A failed side's cell: out of memory, or that it failed (its error is in the JSON)."""
+    if not error:
+        return ""
+    return "out of memory" if "out of memory" in error else "failed"
+
+
 def render_offline(d: dict[str, Any]) -> list[str]:
     rows = [
         "| | mlx-lm tok/s | Tandem tok/s | ratio | ceiling tok/s | of ceiling | overlap on/off |",
@@ -161,9 +168,11 @@ def render_offline(d: dict[str, Any]) -> list[str]:
             continue
         r = d[key]
         label = "single stream" if key == "single" else f"B = {key.split('_')[1]}"
+        ratio = r.get("ratio_vs_mlx_lm")
+        mlx = _fmt(r.get("mlx_lm_tok_s")) or _failed(r.get("mlx_lm_error"))
         rows.append(
-            f"| {label} | {_fmt(r.get('mlx_lm_tok_s'))} | {_fmt(r.get('tandem_tok_s'))} "
-            f"| **{_fmt(r.get('ratio_vs_mlx_lm'), 2)}** | {_fmt(r.get('ceiling_tok_s'))} "
+            f"| {label} | {mlx} | {_fmt(r.get('tandem_tok_s'))} "
+            f"| {'' if ratio is None else f'**{ratio:,.2f}**'} | {_fmt(r.get('ceiling_tok_s'))} "
             f"| {_fmt(r.get('of_ceiling'), 2)} | {_fmt(r.get('overlap_on_off'), 2)} |"
         )
     return rows
@@ -191,7 +200,10 @@ RENDER = {"offline": render_offline, "speculative": render_speculative}
 
 
 def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) -> str:
-    env = provenance.environment()
+    """The summary of every JSON in ``out``; its machine and versions are those its entries
+    ran on (``environment.json``, written by the last call that ran one), not the renderer's."""
+    saved = out / "environment.json"
+    env = json.loads(saved.read_text()) if saved.exists() else provenance.environment()
     tandem = env.get("tandem") or {}
     commit = (tandem.get("git_commit") or "unknown")[:12] + (
         " (dirty)" if tandem.get("dirty") else ""
@@ -200,7 +212,7 @@ def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) ->
     lines = [
         f"# Benchmark summary: {machine}",
         "",
-        f"Commit `{commit}`, {time.strftime('%Y-%m-%d')}; {where}",
+        f"Commit `{commit}`, {env.get('date') or time.strftime('%Y-%m-%d')}; {where}",
         "",
         f"Made by `tandem bench report --machine {machine} --out {out}` (tandem/bench/report.py);",
         "each table's command is under it, its JSON and log beside this file.",
@@ -250,6 +262,9 @@ def main(args: argparse.Namespace) -> int:
             if (out / f"{entry.name}.json").exists() and not args.again:
                 continue
             print(f"== {entry.name}", flush=True)
+            if not runs:
+                env = {**provenance.environment(), "date": time.strftime("%Y-%m-%d")}
+                (out / "environment.json").write_text(json.dumps(env, indent=2))
             runs.append(run_entry(entry, out, args.timeout))
             print(f"   {runs[-1]}", flush=True)
     (out / "README.md").write_text(render(args.machine, out, runs))

@@ -89,3 +89,10 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
     assert "| random | 1 | 4 | 90.0 | **1.80** | 70% | 2.80 | 0 | yes |" in text
     assert "(not run)" in text  # the entries without JSON
     assert "tandem bench offline --shape tiny" in text
+    # rendered elsewhere, the header is the machine the entries ran on
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-05", "versions": {"mlx": "9.9"}}
+    env["tandem"] = {"git_commit": "0123456789abcdef", "dirty": False}
+    (tmp_path / "environment.json").write_text(json.dumps(env))
+    text = report.render("cpu", tmp_path)
+    assert "Commit `0123456789ab`, 2026-12-05; NVIDIA H100 80GB HBM3" in text
+    assert "Versions: mlx 9.9" in text
