@@ -3,6 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
+# (PARTS also: crossover, fused.)
 set -u
 out=${1:-${OUT:-/tmp}/host}
 parts=${PARTS:-check profile}
@@ -43,6 +44,23 @@ for part in $parts; do
         --input-len 128 --output-len 128 --single-tokens 256 --repeats 2 --overlap-batch 0 \
         --engine-options "$opt" --json "$out/offline-8b-inplace-$o.json" 2>&1 | grep -v "^\[transformers\]" | tail -8
     done ;;
+  fused)
+    # runner/fused_proj.py: q/k/v and gate/up in one matmul for one-row steps. Step time at 1
+    # and 2 rows (2 rows take the unfused path: the control), fused off then on; the offline
+    # single stream both ways; then the first token where bf16 output differs.
+    model
+    for f in false true; do
+      timeout 200 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,2 \
+        --input-len 128 --steps 128 --engine-options "{\"fuse_projections\": $f}" \
+        --json "$out/fused-profile-8b-$f.json" \
+        2>&1 | grep "overlap=on" | cut -c1-300
+    done
+    for f in false true; do
+      timeout 200 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes "" \
+        --single-tokens 256 --repeats 3 --overlap-batch 0 --engine-options "{\"fuse_projections\": $f}" \
+        --json "$out/fused-offline-8b-$f.json" 2>&1 | grep "single stream"
+    done
+    timeout 200 python3 scripts/fused_divergence.py $m "$out/fused-divergence.json" 2>&1 | tail -3 ;;
   http)
     # Item 5: the engine's step time in the server vs offline, CPU per token of the HTTP
     # process (random Qwen3-0.6B shape; the GGUF default model is not on the device).

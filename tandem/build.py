@@ -59,6 +59,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
         inplace_writes=config.kv_inplace_writes,
         compile_decode=config.compile_decode,
+        fuse_projections=config.fuse_projections,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
@@ -308,6 +309,7 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
         inplace_writes=config.kv_inplace_writes,
         compile_decode=0,  # (its steps are proposals and catch-up chunks, not compiled)
+        fuse_projections=config.fuse_projections,
     )
     if runner.recurrent:
         raise ValueError(

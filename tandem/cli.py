@@ -81,6 +81,7 @@ def _engine_config(args: argparse.Namespace):
         kv_page_size=args.kv_page_size,
         kv_window_pages=args.kv_window_pages,
         compile_decode=args.compile_decode,
+        fuse_projections=args.fuse_projections,
         kv_cache_dtype=args.kv_cache_dtype,
         check_invariants=args.debug_invariants,
         prefix_cache=not args.no_prefix_cache,
@@ -159,6 +160,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         metavar="ROWS",
         help="decode steps of at most ROWS rows replay a compiled trace of the model "
         "(full-attention models; default 8 with CUDA's in-place KV writes, else off)",
+    )
+    p.add_argument(
+        "--fuse-projections",
+        action="store_true",
+        help="one matmul for each layer's q/k/v and gate/up projections in single-row "
+        "decode steps (fewer kernel launches; not yet measured on a GPU)",
     )
     p.add_argument(
         "--kv-cache-dtype",

@@ -42,6 +42,10 @@ class EngineConfig:
     # set. On the H200 (overlap on, one run) a step of 1-8 rows took 1.3-1.8x less time
     # compiled; at 16 and 64 rows a compiled offline run was slower.
     compile_decode: int | None = None
+    # One matmul for each layer's q/k/v and for its gate/up projections in one-row steps
+    # (runner/fused_proj.py): 4 matmul launches a layer instead of 7; off until measured on
+    # a GPU (on the CPU it changes nothing measurable).
+    fuse_projections: bool = False
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None

@@ -16,6 +16,7 @@ from tandem.engine.plan import StepPlan, StepResult
 from tandem.runner import (
     adapters,
     attention,
+    fused_proj,
     gated_delta,
     kernel_check,
     kv_owners,
@@ -83,6 +84,7 @@ class ModelRunner:
         kv_quant: KVQuant | None = None,
         inplace_writes: bool | None = None,
         compile_decode: int | None = 0,
+        fuse_projections: bool = False,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py); None: with overlap on the CPU backend (measured).
@@ -90,12 +92,15 @@ class ModelRunner:
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
         None: where the kernels exist and pass their check: CUDA, one set). ``compile_decode``:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
-        (runner/static_decode.py; None: ``GPU_ROWS`` with in-place writes, else none)."""
+        (runner/static_decode.py; None: ``GPU_ROWS`` with in-place writes, else none).
+        ``fuse_projections``: runner/fused_proj.py."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
+        # One matmul for q/k/v and for gate/up in one-row steps (runner/fused_proj.py).
+        self.fused = fused_proj.fuse(model) if fuse_projections else []
         attention.install(model)
         adapters.install(model)  # model code that takes the cache offset as a number
         self.own_recurrence = gated_delta.install(model)
@@ -357,7 +362,7 @@ class ModelRunner:
 
         caches, _, _ = layers.build_caches(self.layout, attn, state)
         head_rows = mx.array(rows, dtype=mx.int32)
-        with gated_delta.active(), kv_owners.forward():
+        with gated_delta.active(), kv_owners.forward(), fused_proj.releasing(self.fused):
             if self.selector is not None:
                 self.selector.select(head_rows, sequence=ctx.sequence)
                 try:

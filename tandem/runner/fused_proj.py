@@ -1,0 +1,183 @@
+"""Projections of one input in one matmul: a layer's ``q_proj``, ``k_proj`` and ``v_proj``
+(and its MLP's ``gate_proj`` and ``up_proj``) become slices of one matmul over their
+concatenated weights, so a decode step launches 4 matmuls a layer instead of 7 (on MLX's
+CUDA backend each is a kernel the host encodes and launches, and a single-stream step is
+all host time).
+
+mlx-lm's modules stay as they are: each projection is replaced by a ``Part`` that asks the
+layer's ``FusedLinear`` for its slice of the input. The first part called on an input
+computes the fused product; the others called on the same input (the same array object)
+take their slices of it. A part called on another input (a model that projects keys from
+another tensor) computes its own rows of the fused weight alone, which is what the
+original module did. Each output column is the same dot product over the same input in
+either case.
+
+Only rows of one token are fused (``x`` of one row: a single-stream decode step, where
+slices of the product are contiguous). With more rows a slice of the product is strided,
+and the layer's reshapes and norms would copy it, so each part takes its own rows of the
+fused weight (contiguous, no copy) and the step runs as before.
+
+Fused are plain ``nn.Linear`` and ``nn.QuantizedLinear`` groups of one kind, input size,
+bias presence and quantization; anything else is left alone.
+
+Off unless ``fuse_projections`` (``--fuse-projections``): on the CPU it changes nothing
+measurable (a matmul launch costs little there), and it has not yet been measured on a GPU,
+where it is meant to pay (``PARTS=fused bash scripts/h200_host.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+NAMES = ("weight", "scales", "biases", "bias")
+
+
+class _Pending:
+    """Each part's rows of the fused arrays, and the last fused product and its input (a
+    plain object: none of it is a module parameter)."""
+
+    __slots__ = ("rows", "x", "out", "taken")
+
+    def __init__(self, rows: list[dict[str, mx.array]]) -> None:
+        self.rows = rows  # per part: its rows of each fused array (views, no copy)
+        self.x: mx.array | None = None
+        self.out: mx.array | None = None
+        self.taken = 0
+
+
+class FusedLinear(nn.Module):
+    """The concatenated weights of ``parts`` (same kind, input size, bias and quantization)."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        first = parts[0]
+        self.quantized = isinstance(first, nn.QuantizedLinear)
+        names = [n for n in NAMES if n in first and first[n] is not None]
+        for name in names:
+            self[name] = mx.concatenate([p[name] for p in parts], axis=0)
+        if self.quantized:
+            self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
+        mx.eval([self[n] for n in names])
+        rows, lo = [], 0
+        for p in parts:
+            hi = lo + int(p["weight"].shape[0])
+            rows.append({n: self[n][lo:hi] for n in names})
+            lo = hi
+        mx.eval(rows)
+        self._pending = _Pending(rows)
+        self._bounds = _Bounds([(r["weight"].shape[0]) for r in rows])
+
+    def _matmul(self, x: mx.array, a: dict[str, mx.array]) -> mx.array:
+        """``x`` times the weight in ``a`` (the fused arrays or one part's rows of them), as
+        ``nn.Linear`` / ``nn.QuantizedLinear`` compute it."""
+        bias = a.get("bias")
+        if not self.quantized:
+            w = a["weight"]
+            return x @ w.T if bias is None else mx.addmm(bias, x, w.T)
+        y = mx.quantized_matmul(
+            x,
+            a["weight"],
+            scales=a["scales"],
+            biases=a.get("biases"),
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+        return y if bias is None else y + bias
+
+    def part(self, i: int, x: mx.array) -> mx.array:
+        p = self._pending
+        if x.size != x.shape[-1]:  # more than one row: each part its own rows
+            return self._matmul(x, p.rows[i])
+        if p.x is not x:
+            p.x, p.out, p.taken = x, self._matmul(x, self), 0
+        out = p.out
+        p.taken += 1
+        if p.taken == len(p.rows):  # every part has its slice: let go of the product
+            p.x = p.out = None
+        lo, hi = self._bounds.of(i)
+        return out[..., lo:hi]
+
+    def release(self) -> None:
+        self._pending.x = self._pending.out = None
+
+
+class _Bounds:
+    """Each part's columns of the fused product."""
+
+    __slots__ = ("cuts",)
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.cuts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+
+    def of(self, i: int) -> tuple[int, int]:
+        return self.cuts[i], self.cuts[i + 1]
+
+
+class _Ref:
+    """A part's link to its fused layer, kept out of the module tree (no second copy of the
+    fused weights among the parameters)."""
+
+    __slots__ = ("fused",)
+
+    def __init__(self, fused: FusedLinear) -> None:
+        self.fused = fused
+
+
+class Part(nn.Module):
+    """One projection of a fused group: its slice of the fused product."""
+
+    def __init__(self, fused: FusedLinear, index: int) -> None:
+        super().__init__()
+        self._ref = _Ref(fused)
+        self.index = index
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._ref.fused.part(self.index, x)
+
+
+def _kind(m: Any) -> tuple | None:
+    """What must match for a group to fuse; None: a module this does not fuse."""
+    if type(m) is nn.Linear:
+        return ("linear", m["weight"].shape[1], m["weight"].dtype, "bias" in m)
+    if type(m) is nn.QuantizedLinear:
+        q = (m.group_size, m.bits, m.mode, "biases" in m, m["scales"].dtype)
+        return ("quantized", m["weight"].shape[1], "bias" in m, *q)
+    return None
+
+
+def fuse(model: nn.Module) -> list[FusedLinear]:
+    """Fuse every group of ``GROUPS`` in ``model``'s modules; returns the fused layers."""
+    fused: list[FusedLinear] = []
+    for _, module in list(model.named_modules()):
+        for names in GROUPS:
+            parts = [module.get(n) if isinstance(module, dict) else None for n in names]
+            kinds = {_kind(p) for p in parts}
+            if len(kinds) != 1 or None in kinds:
+                continue
+            f = FusedLinear(parts)
+            module["fused_" + "_".join(n.split("_")[0] for n in names)] = f
+            for i, n in enumerate(names):
+                module[n] = Part(f, i)
+            fused.append(f)
+    return fused
+
+
+@contextlib.contextmanager
+def releasing(fused: list[FusedLinear]) -> Iterator[None]:
+    """A forward; after it, every pending product is dropped (a part a model never called
+    would hold its layer's product until the next forward)."""
+    try:
+        yield
+    finally:
+        for f in fused:
+            f.release()
