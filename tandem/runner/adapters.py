@@ -18,7 +18,10 @@ on Tandem's:
   ``arange`` over an array start gives each row's position (+ 1), shaped (T, 1, 1) so the
   model's ``[:, None]`` makes it (T, 1, 1, 1) against queries of (T, heads, 1, dim).
 
-Both assume one token per row, as a paged step feeds attention models; the (B, n) calls of
+- **longcat_flash_ngram**: its n-gram embedding's state (the last n - 1 token ids) grows
+  with the first tokens; on Tandem's caches it starts as n - 1 zeros, a fixed shape.
+
+The first two assume one token per row, as a paged step feeds attention models; the (B, n) calls of
 recurrent models would be compared by the load check against mlx-lm before any step (no
 model type of mlx-lm combines the two).
 """
@@ -86,6 +89,43 @@ def _llama4_text_model(module: ModuleType) -> None:
     module.__dict__["mx"] = MLX
 
 
+class _Context:
+    """A stand-in for the n-gram embedding's cache: its context as a fixed-size state."""
+
+    def __init__(self, cache: Any, context: mx.array) -> None:
+        self.cache, self.context = cache, context
+
+    def __getitem__(self, idx: int) -> mx.array:
+        return self.context
+
+    def __setitem__(self, idx: int, value: mx.array) -> None:
+        self.cache[idx] = value
+
+
+def _ngram_context(module: ModuleType) -> None:
+    """longcat_flash_ngram on Tandem's state slots: its n-gram embedding keeps the last
+    n - 1 token ids as a state that grows from none to n - 1 with the first tokens, and
+    Tandem's slots hold a fixed shape. On Tandem's caches the state starts as n - 1 zeros
+    instead: mlx-lm shifts the ids right with zeros, so the ids it reads at every position
+    are the same, and the state it keeps is always the last n - 1 (the padded context's)."""
+    cls = module.NgramEmbedding
+    if getattr(cls, "_tandem", False):
+        return
+    mlx_lm_call = cls.__call__
+    own = module.ArraysCache
+
+    def __call__(self, input_ids: mx.array, cache=None):
+        if cache is None or type(cache) is own:  # mlx-lm's own cache
+            return mlx_lm_call(self, input_ids, cache)
+        context = cache[0]
+        if context is None:
+            context = mx.zeros((input_ids.shape[0], self.n - 1), dtype=mx.int64)
+        return mlx_lm_call(self, input_ids, _Context(cache, context.astype(mx.int64)))
+
+    cls.__call__ = __call__
+    cls._tandem = True
+
+
 def install(model: nn.Module) -> bool:
     """Adapt the modules of ``model`` that take the cache offset as a number; True when one
     was (or already had been)."""
@@ -94,6 +134,9 @@ def install(model: nn.Module) -> bool:
         if not name.startswith("mlx_lm."):
             continue
         if module.__dict__.get("np") is NUMPY or module.__dict__.get("mx") is MLX:
+            found = True
+        elif name == "mlx_lm.models.longcat_flash_ngram":
+            _ngram_context(module)
             found = True
         elif name == "mlx_lm.models.llama4":
             _llama4_text_model(module)

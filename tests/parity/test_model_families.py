@@ -204,8 +204,6 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        # Its n-gram embedding keeps the last token ids as a state of their own shape.
-        ("longcat_flash_ngram", "does not run on Tandem's paged caches"),
         # Masks of one window over a cache of another.
         ("plamo3", "caches a window of 8 positions but asks for masks of"),
         # Positions of its KV-reuse layers from the shared keys' length.
@@ -334,3 +332,23 @@ def test_learned_positions_computed_with_numpy_from_the_offset(tmp_path):
     from tandem.testing.model_zoo import make_zoo_model
 
     staggered_three_ways(make_zoo_model(tmp_path / "gpt_bigcode", "gpt_bigcode"), "bigcode")
+
+
+def test_ngram_embedding_context_is_a_state_from_zeros(tmp_path):
+    """longcat_flash_ngram's n-gram embedding keeps the last n - 1 = 3 token ids, a state
+    mlx-lm grows from none with the first tokens; Tandem's slots start it as zeros
+    (runner/adapters.py). Prompts shorter and longer than it, chunks of 2 cutting it,
+    staggered batches with hits on cached states, overlap on and off: token-exact with
+    mlx-lm."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    path = make_zoo_model(tmp_path / "ngram", "longcat_flash_ngram")
+    llm = LLM(str(path), max_num_batched_tokens=2, kv_page_size=4, check_invariants=True)
+    assert llm.engine.loop.runner.state_specs  # the context is a state of its own
+    prompts = [[7 + (3 * i + n) % 400 for i in range(n)] for n in (1, 2, 3, 4, 9)]
+    for p, o in zip(prompts, llm.generate(prompts, greedy(10)), strict=True):
+        assert o.token_ids == reference(path, p, 10), len(p)
+    llms = staggered_three_ways(
+        path, "longcat_flash_ngram", max_num_batched_tokens=16, kv_page_size=4
+    )
+    assert all(x.engine.scheduler.stats.hit_tokens > 0 for x in llms)
