@@ -4,8 +4,11 @@ On MLX's CUDA backend a decode step is host-bound: building the model's graph in
 (every layer's modules, our cache objects and seam) costs about as much as submitting it.
 A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
 to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
-prompt log-probabilities or draft), on models whose layers are all full attention on float
-pages (no windows, MLA rows, recurrent state or quantized pages).
+prompt log-probabilities or draft), on models whose layers are all paged attention on float
+pages: full, sliding windows and chunks (no MLA rows, recurrent state or quantized pages).
+Windowed and chunked layers read each row's pages from the one holding its first key, in
+tables of the most pages their span covers (a fixed width), through the gather path as
+uncompiled steps do, and write into the window page group where there is one.
 
 Everything the graph depends on is an input array or fixed by the input shapes, so a replay
 is the step it stands for: token ids, positions, write slots, page tables (width rounded up
@@ -26,6 +29,7 @@ evaluated would fail again at every replay, and the recreated pool is not its co
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -33,7 +37,7 @@ import numpy as np
 
 from tandem.engine.plan import Segment
 from tandem.runner import kernels
-from tandem.runner.step_context import AttnView
+from tandem.runner.step_context import AttnView, first_key
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
@@ -61,9 +65,9 @@ class _Group:
     """The step's one decode group (``step_context.DecodeGroup``'s role): every row, in
     order, over its page table. The gather path reads whole tables under a mask."""
 
-    def __init__(self, tables, lengths, work, page: int) -> None:
+    def __init__(self, tables, lengths, work, page: int, starts=None) -> None:
         self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
-        self.starts = None
+        self.starts = starts  # a window's (or chunk's) first key in each row's table
         self.longest = tables.shape[1] * page
         self._mask: mx.array | None = None
 
@@ -73,7 +77,10 @@ class _Group:
         attention sinks); built only where one reads it."""
         if self._mask is None:
             cols = mx.arange(self.longest, dtype=mx.int32)[None]
-            self._mask = (cols < self.lengths[:, None])[:, None, None, :]
+            m = cols < self.lengths[:, None]
+            if self.starts is not None:
+                m = m & (cols >= self.starts[:, None])
+            self._mask = m[:, None, None, :]
         return self._mask
 
     def queries(self, queries: mx.array) -> mx.array:
@@ -86,18 +93,28 @@ class _Context:
     sequence = False
     mask_rank = 4
 
-    def __init__(self, positions, write_slots, group: _Group, kernel: bool) -> None:
-        self.positions, self.write_slots = positions, write_slots
+    def __init__(
+        self,
+        positions,
+        write_slots,
+        group: _Group,
+        kernel: bool,
+        window_slots,
+        spans: dict[int, _Group],
+    ) -> None:
+        self.positions, self.write_slots, self.window_slots = positions, write_slots, window_slots
         self._view = AttnView([group], [], None, kernel)
         self._plain = AttnView([group], [], None, False)
+        # Sliding windows and chunks read through the gather path, as uncompiled steps do.
+        self._spans = {span: AttnView([g], [], None, False) for span, g in spans.items()}
 
-    def view(self, window: int | None, kernel: bool) -> AttnView:
-        assert window is None, "windowed layers are not compiled"
+    def view(self, span: int | None, kernel: bool) -> AttnView:
+        if span is not None:
+            return self._spans[span]
         return self._view if kernel else self._plain
 
     def slots_for(self, window: int | None) -> mx.array:
-        assert window is None, "windowed layers are not compiled"
-        return self.write_slots
+        return self.write_slots if window is None else self.window_slots
 
 
 class StaticDecode:
@@ -117,7 +134,7 @@ class StaticDecode:
             and pool is not None
             and pool.num_sets == 1
             and runner.kv_quant is None
-            and all(not (s.dense or s.unused) and s.window is None for s in runner.specs)
+            and all(not (s.dense or s.unused) for s in runner.specs)
         )
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
@@ -152,6 +169,7 @@ class StaticDecode:
         slots = tables[np.arange(m), starts // p] * p + (starts % p)
         slots[n:] = -1
         lengths = starts + 1
+        windows = self._windows(segments, starts, m)
         if m > n:
             inputs = mx.concatenate([inputs, mx.zeros((m - n,), dtype=inputs.dtype)])
         # The gather path reads no work list: fixed inputs, no new shapes.
@@ -177,6 +195,7 @@ class StaticDecode:
             work.items,
             work.offsets,
             work.dims,
+            *windows,
             *bufs,
         )
         self.replays += self.traces == traces
@@ -187,9 +206,50 @@ class StaticDecode:
             pool.sets[0] = written
         return outs[0] if m == n else outs[0][:n]
 
-    def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *bufs):
+    def _windows(self, segments: tuple[Segment, ...], starts: np.ndarray, m: int) -> list:
+        """The window group's write slots, then per span of the model's sliding windows
+        and chunks (``LayerSpec.span``) each row's table from the page of its first key,
+        its keys' end and first key in that table: fixed widths (the most pages a span
+        covers), so no new shapes. Padding rows: position 0 over page 0."""
+        r = self.runner
+        p = r.pool.page_size
+        windowed = bool(r.pool.window_pages)
+        out = []
+        wslots = np.full(m, -1, dtype=np.int32)
+        if windowed:
+            for i, s in enumerate(segments):
+                wslots[i] = s.wpages[s.start // p] * p + s.start % p
+        out.append(mx.array(wslots))
+        for span in self.spans:
+            width = (abs(span) - 1) // p + 2
+            tables = np.zeros((m, width), dtype=np.int32)
+            ends = np.ones(m, dtype=np.int32)
+            firsts = np.zeros(m, dtype=np.int32)
+            for i, s in enumerate(segments):
+                pos = int(starts[i])
+                lo = int(first_key(pos, span))
+                first = lo // p
+                pages = (s.wpages if windowed else s.pages)[first : pos // p + 1]
+                tables[i, : len(pages)] = pages
+                ends[i], firsts[i] = pos + 1 - first * p, lo - first * p
+            out += [mx.array(tables), mx.array(ends), mx.array(firsts)]
+        return out
+
+    @functools.cached_property
+    def spans(self) -> list[int]:
+        """The model's sliding windows and chunks, one entry each (``LayerSpec.span``)."""
+        return sorted({s.span for s in self.runner.specs if s.span is not None})
+
+    def _body(self, inputs, positions, slots, tables, lengths, items, offsets, dims, *rest):
         r = self.runner
         pool = r.pool
+        wslots, rest = rest[0], rest[1:]
+        k = 3 * len(self.spans)
+        spans = {
+            span: _Group(*rest[3 * j : 3 * j + 2], None, pool.page_size, rest[3 * j + 2])
+            for j, span in enumerate(self.spans)
+        }
+        bufs = rest[k:]
         saved, saved_tokens = pool.sets[0], pool.tokens
         if pool.inplace:
             pool.tokens = list(bufs)
@@ -207,7 +267,8 @@ class StaticDecode:
                 split=num_items > tables.shape[0],
             )
             group = _Group(tables, lengths, work, pool.page_size)
-            ctx = _Context(positions, slots, group, kernel)
+            window_slots = wslots if pool.window_pages else slots
+            ctx = _Context(positions, slots, group, kernel, window_slots, spans)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
             self.traces += 1
             written = list(pool.tokens) if pool.inplace else list(pool.sets[0])

@@ -53,12 +53,28 @@ def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
 
 
 def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_model_dir):
-    for t in ("gemma3_text", "deepseek_v3", "qwen3_next"):  # windows, MLA rows, recurrent
+    for t in ("deepseek_v3", "qwen3_next"):  # MLA rows, recurrent
         assert _llm(family_model_dir(t)).engine.loop.runner.static is None
     assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
     # Two buffer sets: the replay of the other set's writes is the uncompiled path's.
     llm = LLM(str(tiny_model_dir("qwen3")), compile_decode=True, kv_double_buffer=True)
     assert llm.engine.loop.runner.static is None
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "llama4"])
+@pytest.mark.parametrize("window_pages", [None, 0])
+def test_windows_and_chunks_compiled_match_mlx_lm(family_model_dir, model_type, window_pages):
+    """Sliding windows (gemma3_text; gpt_oss with attention sinks) and chunks (llama4) of 8
+    positions over pages of 4, in the window page group (its pages freed behind the window)
+    or in the full one (0): staggered rows far past the window, token-exact with mlx-lm, and
+    most steady steps replayed."""
+    path = family_model_dir(model_type)
+    llm = _llm(path, max_num_batched_tokens=64, kv_page_size=4, kv_window_pages=window_pages)
+    runner = llm.engine.loop.runner
+    assert bool(runner.pool.window_pages) == (window_pages is None)
+    assert runner.static is not None and runner.static.spans
+    run_staggered(llm, path, random.Random(model_type))
+    assert runner.static.replays > runner.static.traces > 0
 
 
 def test_rows_leaving_reuse_padded_shapes(tiny_model_dir):
