@@ -16,7 +16,7 @@ def run(model: str, fused: bool, prompts: int, tokens: int) -> list[list[int]]:
     code = (
         "import json, random, sys\n"
         "from tandem import LLM, SamplingParams\n"
-        f"llm = LLM({model!r}, fuse_projections={fused})\n"
+        f"llm = LLM({model!r}, fuse_projections={int(fused)})\n"
         "ps = [[random.Random(i).randrange(10, 500) for _ in range(32)]\n"
         f"      for i in range({prompts})]\n"
         f"sp = SamplingParams(max_tokens={tokens}, temperature=0, ignore_eos=True)\n"

@@ -45,17 +45,17 @@ for part in $parts; do
         --engine-options "$opt" --json "$out/offline-8b-inplace-$o.json" 2>&1 | grep -v "^\[transformers\]" | tail -8
     done ;;
   fused)
-    # runner/fused_proj.py: q/k/v and gate/up in one matmul for one-row steps. Step time at 1
-    # and 2 rows (2 rows take the unfused path: the control), fused off then on; the offline
-    # single stream both ways; then the first token where bf16 output differs.
+    # runner/fused_proj.py: q/k/v and gate/up in one matmul. Step time at 1 and 16 rows:
+    # off, fused up to 1 row (16 rows are the control), fused up to 16 rows (strided slices);
+    # the offline single stream off and on; then the first token where bf16 output differs.
     model
-    for f in false true; do
-      timeout 200 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,2 \
+    for f in 0 1 16; do
+      timeout 200 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,16 \
         --input-len 128 --steps 128 --engine-options "{\"fuse_projections\": $f}" \
         --json "$out/fused-profile-8b-$f.json" \
         2>&1 | grep "overlap=on" | cut -c1-300
     done
-    for f in false true; do
+    for f in 0 1; do
       timeout 200 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes "" \
         --single-tokens 256 --repeats 3 --overlap-batch 0 --engine-options "{\"fuse_projections\": $f}" \
         --json "$out/fused-offline-8b-$f.json" 2>&1 | grep "single stream"

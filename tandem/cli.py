@@ -163,9 +163,11 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     )
     p.add_argument(
         "--fuse-projections",
-        action="store_true",
-        help="one matmul for each layer's q/k/v and gate/up projections in single-row "
-        "decode steps (fewer kernel launches; not yet measured on a GPU)",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="one matmul for each layer's q/k/v and gate/up projections in steps of at most "
+        "ROWS rows (fewer kernel launches; 0: off; not yet measured on a GPU)",
     )
     p.add_argument(
         "--kv-cache-dtype",

@@ -42,10 +42,10 @@ class EngineConfig:
     # set. On the H200 (overlap on, one run) a step of 1-8 rows took 1.3-1.8x less time
     # compiled; at 16 and 64 rows a compiled offline run was slower.
     compile_decode: int | None = None
-    # One matmul for each layer's q/k/v and for its gate/up projections in one-row steps
-    # (runner/fused_proj.py): 4 matmul launches a layer instead of 7; off until measured on
-    # a GPU (on the CPU it changes nothing measurable).
-    fuse_projections: bool = False
+    # One matmul for each layer's q/k/v and for its gate/up projections in steps of at most
+    # this many rows (runner/fused_proj.py; 0: off): 4 matmul launches a layer instead of 7;
+    # off until measured on a GPU (on the CPU it changes nothing measurable).
+    fuse_projections: int = 0
     # The device's paged decode kernel (None: where it exists and passes its self-check;
     # False: the pure-MLX gather path everywhere).
     kv_decode_kernel: bool | None = None
@@ -84,6 +84,8 @@ class EngineConfig:
             object.__setattr__(self, "compile_decode", self.max_num_seqs)
         if self.compile_decode is not None and self.compile_decode < 0:
             raise ValueError("compile_decode must be >= 0")
+        if self.fuse_projections < 0:
+            raise ValueError("fuse_projections must be >= 0")
         if self.kv_window_pages is not None and self.kv_window_pages < 0:
             raise ValueError("kv_window_pages must be >= 0")
         if self.kv_page_size < 1 or self.kv_page_size & (self.kv_page_size - 1):

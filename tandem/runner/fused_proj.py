@@ -12,10 +12,11 @@ another tensor) computes its own rows of the fused weight alone, which is what t
 original module did. Each output column is the same dot product over the same input in
 either case.
 
-Only rows of one token are fused (``x`` of one row: a single-stream decode step, where
-slices of the product are contiguous). With more rows a slice of the product is strided,
-and the layer's reshapes and norms would copy it, so each part takes its own rows of the
-fused weight (contiguous, no copy) and the step runs as before.
+Inputs of at most ``rows`` rows are fused (``fuse_projections``; 1: a single-stream decode
+step, where slices of the product are contiguous). With more rows a slice of the product
+is strided, and the layer's norms or rope may copy it: whether fewer matmuls pay for that is
+for a GPU run to say. Inputs of more rows take each part's own rows of the fused weight
+(contiguous, no copy) and run as before.
 
 Fused are plain ``nn.Linear`` and ``nn.QuantizedLinear`` groups of one kind, input size,
 bias presence and quantization; anything else is left alone.
@@ -44,10 +45,11 @@ class _Pending:
     """Each part's rows of the fused arrays, and the last fused product and its input (a
     plain object: none of it is a module parameter)."""
 
-    __slots__ = ("rows", "x", "out", "taken")
+    __slots__ = ("rows", "most", "x", "out", "taken")
 
-    def __init__(self, rows: list[dict[str, mx.array]]) -> None:
+    def __init__(self, rows: list[dict[str, mx.array]], most: int) -> None:
         self.rows = rows  # per part: its rows of each fused array (views, no copy)
+        self.most = most  # inputs of at most this many rows take the fused product
         self.x: mx.array | None = None
         self.out: mx.array | None = None
         self.taken = 0
@@ -56,7 +58,7 @@ class _Pending:
 class FusedLinear(nn.Module):
     """The concatenated weights of ``parts`` (same kind, input size, bias and quantization)."""
 
-    def __init__(self, parts: list[nn.Module]) -> None:
+    def __init__(self, parts: list[nn.Module], rows: int = 1) -> None:
         super().__init__()
         first = parts[0]
         self.quantized = isinstance(first, nn.QuantizedLinear)
@@ -66,14 +68,14 @@ class FusedLinear(nn.Module):
         if self.quantized:
             self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
         mx.eval([self[n] for n in names])
-        rows, lo = [], 0
+        per_part, lo = [], 0
         for p in parts:
             hi = lo + int(p["weight"].shape[0])
-            rows.append({n: self[n][lo:hi] for n in names})
+            per_part.append({n: self[n][lo:hi] for n in names})
             lo = hi
-        mx.eval(rows)
-        self._pending = _Pending(rows)
-        self._bounds = _Bounds([(r["weight"].shape[0]) for r in rows])
+        mx.eval(per_part)
+        self._bounds = _Bounds([(r["weight"].shape[0]) for r in per_part])
+        self._pending = _Pending(per_part, rows)
 
     def _matmul(self, x: mx.array, a: dict[str, mx.array]) -> mx.array:
         """``x`` times the weight in ``a`` (the fused arrays or one part's rows of them), as
@@ -96,7 +98,7 @@ class FusedLinear(nn.Module):
 
     def part(self, i: int, x: mx.array) -> mx.array:
         p = self._pending
-        if x.size != x.shape[-1]:  # more than one row: each part its own rows
+        if x.size > p.most * x.shape[-1]:  # more rows: each part its own rows
             return self._matmul(x, p.rows[i])
         if p.x is not x:
             p.x, p.out, p.taken = x, self._matmul(x, self), 0
@@ -155,8 +157,9 @@ def _kind(m: Any) -> tuple | None:
     return None
 
 
-def fuse(model: nn.Module) -> list[FusedLinear]:
-    """Fuse every group of ``GROUPS`` in ``model``'s modules; returns the fused layers."""
+def fuse(model: nn.Module, rows: int = 1) -> list[FusedLinear]:
+    """Fuse every group of ``GROUPS`` in ``model``'s modules, for inputs of at most ``rows``
+    rows; returns the fused layers."""
     fused: list[FusedLinear] = []
     for _, module in list(model.named_modules()):
         for names in GROUPS:
@@ -164,7 +167,7 @@ def fuse(model: nn.Module) -> list[FusedLinear]:
             kinds = {_kind(p) for p in parts}
             if len(kinds) != 1 or None in kinds:
                 continue
-            f = FusedLinear(parts)
+            f = FusedLinear(parts, rows)
             module["fused_" + "_".join(n.split("_")[0] for n in names)] = f
             for i, n in enumerate(names):
                 module[n] = Part(f, i)

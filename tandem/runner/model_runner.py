@@ -84,7 +84,7 @@ class ModelRunner:
         kv_quant: KVQuant | None = None,
         inplace_writes: bool | None = None,
         compile_decode: int | None = 0,
-        fuse_projections: bool = False,
+        fuse_projections: int = 0,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py); None: with overlap on the CPU backend (measured).
@@ -100,7 +100,7 @@ class ModelRunner:
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
         # One matmul for q/k/v and for gate/up in one-row steps (runner/fused_proj.py).
-        self.fused = fused_proj.fuse(model) if fuse_projections else []
+        self.fused = fused_proj.fuse(model, fuse_projections) if fuse_projections else []
         attention.install(model)
         adapters.install(model)  # model code that takes the cache offset as a number
         self.own_recurrence = gated_delta.install(model)

@@ -83,6 +83,29 @@ def test_one_row_runs_one_matmul() -> None:
         fused_proj.FusedLinear._matmul = real
 
 
+def test_inputs_up_to_rows_take_the_fused_product(monkeypatch) -> None:
+    """With ``rows`` 4, inputs of up to 4 rows take strided slices of one product, and
+    give the same values; more rows take each part's own."""
+    attn, mlp = _Attention(bias=True), _Mlp()
+    xs = [mx.random.normal(s) for s in ((4, 1, 64), (2, 2, 64), (5, 1, 64))]
+    want = [(attn(x), mlp(x)) for x in xs]
+    fused_proj.fuse(attn, rows=4)
+    fused_proj.fuse(mlp, rows=4)
+    calls = []
+    real = fused_proj.FusedLinear._matmul
+
+    def counting(self, x, a):
+        calls.append(a is self)
+        return real(self, x, a)
+
+    monkeypatch.setattr(fused_proj.FusedLinear, "_matmul", counting)
+    for x, (a, m) in zip(xs, want, strict=True):
+        got_a = attn(x)
+        assert all(mx.array_equal(u, v).item() for u, v in zip(a, got_a, strict=True))
+        assert mx.array_equal(m, mlp(x)).item()
+    assert calls == [True, True, True, True] + [False] * 5
+
+
 def test_a_part_on_another_input_computes_its_own() -> None:
     attn = _Attention()
     x, kv = mx.random.normal((1, 1, 64)), mx.random.normal((1, 1, 64))
@@ -115,10 +138,10 @@ def test_off_by_default(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("overlap", [True, False])
-def test_engine_greedy_exact_with_mlx_lm(tmp_path, arch: str, overlap: bool) -> None:
-    """A single stream (fused one-row steps) and a batch (each part's own rows), token-exact
-    with mlx-lm's unfused model."""
+@pytest.mark.parametrize(("overlap", "rows"), [(True, 1), (False, 1), (True, 8)])
+def test_engine_greedy_exact_with_mlx_lm(tmp_path, arch: str, overlap: bool, rows: int) -> None:
+    """A single stream (fused one-row steps) and a batch (each part's own rows, or strided
+    slices of the product with ``rows`` 8), token-exact with mlx-lm's unfused model."""
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
@@ -132,7 +155,7 @@ def test_engine_greedy_exact_with_mlx_lm(tmp_path, arch: str, overlap: bool) -> 
     for p in prompts:
         steps = generate_step(mx.array(p), model, max_tokens=24)
         want.append([int(t) for t, _ in steps])
-    llm = LLM(str(path), overlap=overlap, max_num_seqs=4, fuse_projections=True)
+    llm = LLM(str(path), overlap=overlap, max_num_seqs=4, fuse_projections=rows)
     assert llm.engine.loop.runner.fused, "nothing was fused"
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     assert [llm.generate([p], sp)[0].token_ids for p in prompts] == want
