@@ -162,21 +162,23 @@ def build_caches(layout: list[Node], attn, state) -> tuple[list, list, list]:
     """Cache objects in the model's structure: ``attn(i, node)`` for the i-th attention node,
     ``state(j, node)`` for the j-th state node (CacheLists around composites). Returns
     (the model's cache list, attention objects, state objects) in index order."""
-    from mlx_lm.models.cache import CacheList
-
     attns: list = []
     states: list = []
+    return [_make(n, attn, state, attns, states) for n in layout], attns, states
 
-    def make(node: Node):
-        if isinstance(node, tuple):
-            return CacheList(*(make(n) for n in node))
-        if isinstance(node, State):
-            states.append(state(len(states), node))
-            return states[-1]
-        attns.append(attn(len(attns), node))
-        return attns[-1]
 
-    return [make(n) for n in layout], attns, states
+def _make(node: Node, attn, state, attns: list, states: list):
+    """``build_caches``' recursion (a module function: a nested one calling itself would be
+    a reference cycle holding every step's caches, and the pool, until a collection)."""
+    from mlx_lm.models.cache import CacheList
+
+    if isinstance(node, tuple):
+        return CacheList(*(_make(n, attn, state, attns, states) for n in node))
+    if isinstance(node, State):
+        states.append(state(len(states), node))
+        return states[-1]
+    attns.append(attn(len(attns), node))
+    return attns[-1]
 
 
 class ProbeCache:

@@ -30,6 +30,7 @@ evaluated would fail again at every replay, and the recreated pool is not its co
 from __future__ import annotations
 
 import functools
+import weakref
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -117,14 +118,28 @@ class _Context:
         return self.write_slots if window is None else self.window_slots
 
 
+def _body_of(ref: weakref.ref):
+    """The traced function, holding its ``StaticDecode`` weakly (the bound method would be
+    a cycle through the compiled function, keeping a deleted engine's pool)."""
+
+    def body(*args):
+        return ref()._body(*args)
+
+    return body
+
+
 class StaticDecode:
     def __init__(self, runner) -> None:
-        self.runner = runner
+        self._runner = weakref.ref(runner)  # (the runner holds this: no cycle)
         self._fn = None
         self._shapes: set[tuple] = set()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
         self.replays = 0  # compiled steps that replayed a trace
         self._no_work = kernels.DecodeWork([1], 1)
+
+    @property
+    def runner(self):
+        return self._runner()
 
     @staticmethod
     def eligible(runner) -> bool:
@@ -176,7 +191,7 @@ class StaticDecode:
         work = kernels.DecodeWork(lengths, width, pad=bucket) if r.decode_kernel else self._no_work
         shape = (m, width, work.num_items)
         if self._fn is None or (shape not in self._shapes and len(self._shapes) >= MAX_SHAPES):
-            self._fn = mx.compile(self._body)
+            self._fn = mx.compile(_body_of(weakref.ref(self)))
             self._shapes.clear()
         self._shapes.add(shape)
         # In place: the layers' last write tokens, which this step's writes chain onto

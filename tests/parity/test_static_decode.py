@@ -102,7 +102,8 @@ def test_ragged_gathers_run_uncompiled_and_work_lists_pad(tiny_model_dir):
     from tandem.runner.kernels import CHUNK, DecodeWork
     from tandem.runner.static_decode import bucket
 
-    static = _llm(tiny_model_dir("llama")).engine.loop.runner.static
+    llm = _llm(tiny_model_dir("llama"))  # (kept: the trace holds its runner weakly)
+    static = llm.engine.loop.runner.static
 
     def seg(start: int) -> Segment:
         return Segment("r", start, 1, (5,), tuple(range(start // 16 + 1)))

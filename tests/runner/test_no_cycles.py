@@ -1,0 +1,35 @@
+"""Steps make no reference cycles: a step's caches, context and arrays go when the step
+does, and an engine's memory (model, KV pool) when its last reference does, without waiting
+for Python's cyclic collector (a cycle per step once held every step's caches and the pool
+until a collection: GPU memory freed late, and a deleted engine's pool kept)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from tandem import LLM, SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("arch", "options"),
+    [("llama", {}), ("qwen3", {"speculative": "ngram"}), ("qwen3", {"compile_decode": True})],
+)
+def test_steps_make_no_garbage_and_del_frees_the_engine(tiny_model_dir, arch, options) -> None:
+    llm = LLM(str(tiny_model_dir(arch)), max_num_seqs=8, kv_double_buffer=False, **options)
+    sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    llm.generate([[1, 2, 3]], sp)  # warm-up (first traces, caches of the tokenizer)
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        llm.generate([[5 + i, 9, 2, 7] * (1 + i) for i in range(6)], sp)
+        assert gc.collect() == 0, "a step left reference cycles"
+        pool = weakref.ref(llm.engine.loop.runner.pool)
+        del llm
+        assert pool() is None, "the KV pool outlived its engine"
+    finally:
+        if enabled:
+            gc.enable()
