@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.bench.ceiling import free as _free
+from tandem.bench.ceiling import plain_loop
+
 RANDOM_SHAPES = (
     "qwen3-0.6b",
     "qwen3-8b",
@@ -182,19 +185,6 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def _free() -> None:
-    """Give back what the last phase held before the next loads its own copy: a Tandem
-    engine lives in reference cycles until a collection, and MLX keeps freed buffers in its
-    cache (on an 80 GB GPU an 8B shape's copies and KV pools ran out of memory without
-    this)."""
-    import gc
-
-    import mlx.core as mx
-
-    gc.collect()
-    mx.clear_cache()
-
-
 class _NoEos:
     """A tokenizer stand-in for mlx-lm's batch_generate with EOS disabled."""
 
@@ -250,53 +240,6 @@ def single_stream(
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
     out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
-
-
-def plain_loop(
-    path: Path, b: int, in_len: int, steps: int, repeats: int, vocab: int, *, prefill: bool
-) -> float:
-    """The fastest decode loop one can write on mlx-lm's model code, as a ceiling: B equal
-    prompts in mlx-lm's own caches, greedy argmax, each step built on the previous step's
-    lazy tokens and submitted (``mx.async_eval``) before the host reads that step's tokens;
-    no scheduling at all. Output tok/s over ``steps`` steps, timed from the first token
-    (``prefill`` False, as the single-stream numbers) or from the start (end to end, as the
-    batched ones)."""
-    from mlx_lm.utils import load
-
-    model = load(str(path))[0]
-    rng = random.Random(b)
-    prompt = [[rng.randrange(10, vocab) for _ in range(in_len)] for _ in range(b)]
-
-    def run_once() -> float:
-        t = time.perf_counter()
-        _, t_first = plain_decode(model, prompt, steps)
-        return b * steps / (time.perf_counter() - (t if prefill else t_first))
-
-    try:
-        run_once()
-        return statistics.median(run_once() for _ in range(repeats))
-    finally:
-        model = None
-        _free()
-
-
-def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
-    """The plain loop itself: ``steps`` greedy tokens per prompt (equal lengths), and the
-    time its prefill ended."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    y = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1, :], axis=-1)
-    mx.eval(y)
-    t_first = time.perf_counter()
-    out = []
-    for _ in range(steps):
-        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-        mx.async_eval(nxt)
-        out.append(y.tolist())
-        y = nxt
-    return [list(col) for col in zip(*out, strict=True)], t_first
 
 
 def batched(

@@ -93,13 +93,12 @@ class ModelRunner:
         None: where the kernels exist and pass their check: CUDA, one set). ``compile_decode``:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
         (runner/static_decode.py; None: ``GPU_ROWS`` with in-place writes, else none).
-        ``fuse_projections``: runner/fused_proj.py."""
+        ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj)."""
         layout = check_supported(model, model_type)
         self.model = model
         self.model_type = model_type
         self.verify = verify_layers
         self.stream = mx.new_stream(mx.default_device())
-        # One matmul for q/k/v and for gate/up in one-row steps (runner/fused_proj.py).
         self.fused = fused_proj.fuse(model, fuse_projections) if fuse_projections else []
         attention.install(model)
         adapters.install(model)  # model code that takes the cache offset as a number

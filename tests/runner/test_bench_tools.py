@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlx_lm.utils import load
 
-from tandem.bench import offline, step_profile
+from tandem.bench import ceiling, step_profile
 from tests.parity.test_mlx_lm_parity import reference
 
 
@@ -24,10 +24,10 @@ def test_step_profile_phases_add_up_and_count_graph_nodes(tiny_model_dir):
 def test_plain_loop_ceiling_decodes_mlx_lms_greedy_tokens(tiny_model_dir):
     path = tiny_model_dir("llama")
     prompts = [[5 + (7 * i + j) % 300 for j in range(16)] for i in range(3)]
-    tokens, _ = offline.plain_decode(load(str(path))[0], prompts, 10)
+    tokens, _ = ceiling.plain_decode(load(str(path))[0], prompts, 10)
     for p, t in zip(prompts, tokens, strict=True):
         assert t == reference(path, p, 10)
-    assert offline.plain_loop(path, 2, 16, 8, 1, 400, prefill=True) > 0
+    assert ceiling.plain_loop(path, 2, 16, 8, 1, 400, prefill=True) > 0
 
 
 def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
