@@ -18,6 +18,8 @@ on Tandem's:
   ``arange`` over an array start gives each row's position (+ 1), shaped (T, 1, 1) so the
   model's ``[:, None]`` makes it (T, 1, 1, 1) against queries of (T, heads, 1, dim).
 
+- **afm7**: its KV-reuse layers place queries at the reused keys' count; on Tandem's caches,
+  at each row's position in the cache that stored them.
 - **longcat_flash_ngram**: its n-gram embedding's state (the last n - 1 token ids) grows
   with the first tokens; on Tandem's caches it starts as n - 1 zeros, a fixed shape.
 
@@ -36,6 +38,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from tandem.runner import kv_owners
 from tandem.runner.layers import model_modules
 
 
@@ -126,6 +129,33 @@ def _ngram_context(module: ModuleType) -> None:
     cls._tandem = True
 
 
+def _afm7_reuse(module: ModuleType) -> None:
+    """afm7's KV-reuse layers attend with the last layer's keys and place their queries at
+    ``keys.shape[2] - L``: the keys' count in mlx-lm's caches, but one fresh key per row in
+    Tandem's. On Tandem's caches the queries take each row's position from the cache that
+    stored the keys (the seam attends over its pages, as for the layer itself)."""
+    from tandem.runner.paged import PagedCache
+
+    cls = module.KVReuseAttention
+    if getattr(cls, "_tandem", False):
+        return
+    mlx_lm_call = cls.__call__
+
+    def __call__(self, x: mx.array, keys: mx.array, values: mx.array, mask=None):
+        owner = kv_owners.owner(keys, values)
+        if not isinstance(owner, PagedCache):
+            return mlx_lm_call(self, x, keys, values, mask)
+        b, n, _ = x.shape
+        queries = self.q_proj(x).reshape(b, n, self.n_heads, -1).transpose(0, 2, 1, 3)
+        queries = self.q_norm(self.rope(queries, offset=owner.offset))
+        sdpa = module.scaled_dot_product_attention  # (Tandem's seam, installed there)
+        out = sdpa(queries, keys, values, cache=None, scale=self.scale, mask=mask)
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+    cls.__call__ = __call__
+    cls._tandem = True
+
+
 def install(model: nn.Module) -> bool:
     """Adapt the modules of ``model`` that take the cache offset as a number; True when one
     was (or already had been)."""
@@ -134,6 +164,9 @@ def install(model: nn.Module) -> bool:
         if not name.startswith("mlx_lm."):
             continue
         if module.__dict__.get("np") is NUMPY or module.__dict__.get("mx") is MLX:
+            found = True
+        elif name == "mlx_lm.models.afm7":
+            _afm7_reuse(module)
             found = True
         elif name == "mlx_lm.models.longcat_flash_ngram":
             _ngram_context(module)

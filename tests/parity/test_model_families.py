@@ -206,8 +206,6 @@ def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
     [
         # Masks of one window over a cache of another.
         ("plamo3", "caches a window of 8 positions but asks for masks of"),
-        # Positions of its KV-reuse layers from the shared keys' length.
-        ("afm7", "paged caches disagree with mlx-lm's"),
     ],
 )
 def test_models_tandem_cannot_serve_exactly_are_refused_at_load(tmp_path, model_type, message):
@@ -352,3 +350,18 @@ def test_ngram_embedding_context_is_a_state_from_zeros(tmp_path):
         path, "longcat_flash_ngram", max_num_batched_tokens=16, kv_page_size=4
     )
     assert all(x.engine.scheduler.stats.hit_tokens > 0 for x in llms)
+
+
+def test_kv_reuse_layers_place_queries_at_each_rows_position(tmp_path):
+    """afm7's KV-reuse layers attend with the last layer's keys and place queries by the
+    keys' count, one per row on Tandem's caches; they take each row's position from the
+    cache that stored the keys (runner/adapters.py). Chunks of 5, staggered batches with
+    hits, overlap on and off: token-exact with mlx-lm."""
+    from tandem.testing.model_zoo import make_zoo_model
+
+    path = make_zoo_model(tmp_path / "afm7", "afm7")
+    llm = LLM(str(path), max_num_batched_tokens=5, kv_page_size=4, check_invariants=True)
+    prompts = [[7 + (3 * i + n) % 400 for i in range(n)] for n in (1, 4, 5, 6, 23)]
+    for p, o in zip(prompts, llm.generate(prompts, greedy(12)), strict=True):
+        assert o.token_ids == reference(path, p, 12), len(p)
+    staggered_three_ways(path, "afm7", max_num_batched_tokens=16, kv_page_size=4)
