@@ -234,7 +234,7 @@ def single_stream(
         run_tandem()
         key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
         out[key] = statistics.median(run_tandem() for _ in range(repeats))
-        del llm
+        del llm, run_tandem  # (its default argument holds the engine too)
         _free()
     if "mlx_lm_tok_s" in out:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
@@ -291,7 +291,7 @@ def batched(
 
         key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
         out[key] = total / _median_time(run_tandem, repeats)
-        del llm
+        del llm, run_tandem  # (its default argument holds the engine too)
         _free()
     if "mlx_lm_tok_s" in out:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]

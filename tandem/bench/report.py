@@ -201,7 +201,9 @@ RENDER = {"offline": render_offline, "speculative": render_speculative}
 
 def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) -> str:
     """The summary of every JSON in ``out``; its machine and versions are those its entries
-    ran on (``environment.json``, written by the last call that ran one), not the renderer's."""
+    ran on (``environment.json``, written by the last call that ran one), not the renderer's:
+    entries of one folder are meant to come from one machine and commit (rerun them all,
+    ``--again``, after either changes)."""
     saved = out / "environment.json"
     env = json.loads(saved.read_text()) if saved.exists() else provenance.environment()
     tandem = env.get("tandem") or {}

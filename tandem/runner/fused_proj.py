@@ -7,10 +7,10 @@ all host time).
 mlx-lm's modules stay as they are: each projection is replaced by a ``Part`` that asks the
 layer's ``FusedLinear`` for its slice of the input. The first part called on an input
 computes the fused product; the others called on the same input (the same array object)
-take their slices of it. A part called on another input (a model that projects keys from
-another tensor) computes its own rows of the fused weight alone, which is what the
-original module did. Each output column is the same dot product over the same input in
-either case.
+take their slices of it. A part called on another input while a product is pending (a model
+that projects keys from another tensor) computes its own rows of the fused weight alone,
+which is what the original module did. Each output column is the same dot product over
+the same input in either case.
 
 Inputs of at most ``rows`` rows are fused (``fuse_projections``; 1: a single-stream decode
 step, where slices of the product are contiguous). With more rows a slice of the product
@@ -74,7 +74,7 @@ class FusedLinear(nn.Module):
             per_part.append({n: self[n][lo:hi] for n in names})
             lo = hi
         mx.eval(per_part)
-        self._bounds = _Bounds([(r["weight"].shape[0]) for r in per_part])
+        self._bounds = _Bounds([r["weight"].shape[0] for r in per_part])
         self._pending = _Pending(per_part, rows)
 
     def _matmul(self, x: mx.array, a: dict[str, mx.array]) -> mx.array:
@@ -100,8 +100,10 @@ class FusedLinear(nn.Module):
         p = self._pending
         if x.size > p.most * x.shape[-1]:  # more rows: each part its own rows
             return self._matmul(x, p.rows[i])
-        if p.x is not x:
+        if p.x is None:
             p.x, p.out, p.taken = x, self._matmul(x, self), 0
+        elif p.x is not x:  # another input while a product is pending: its own rows
+            return self._matmul(x, p.rows[i])
         out = p.out
         p.taken += 1
         if p.taken == len(p.rows):  # every part has its slice: let go of the product
@@ -161,9 +163,14 @@ def fuse(model: nn.Module, rows: int = 1) -> list[FusedLinear]:
     """Fuse every group of ``GROUPS`` in ``model``'s modules, for inputs of at most ``rows``
     rows; returns the fused layers."""
     fused: list[FusedLinear] = []
-    for _, module in list(model.named_modules()):
+    wanted = {n for names in GROUPS for n in names}
+    # Only the parents: each layer's originals go as soon as its parts replace them (a list
+    # of every module would hold them all until the end, next to their fused copies).
+    parents = [m for _, m in model.named_modules() if wanted & m.keys()]
+    while parents:
+        module = parents.pop()
         for names in GROUPS:
-            parts = [module.get(n) if isinstance(module, dict) else None for n in names]
+            parts = [module.get(n) for n in names]
             kinds = {_kind(p) for p in parts}
             if len(kinds) != 1 or None in kinds:
                 continue
@@ -172,13 +179,18 @@ def fuse(model: nn.Module, rows: int = 1) -> list[FusedLinear]:
             for i, n in enumerate(names):
                 module[n] = Part(f, i)
             fused.append(f)
+        del module, parts
+    mx.clear_cache()
     return fused
 
 
 @contextlib.contextmanager
 def releasing(fused: list[FusedLinear]) -> Iterator[None]:
-    """A forward; after it, every pending product is dropped (a part a model never called
-    would hold its layer's product until the next forward)."""
+    """A forward, with no pending product before or after it (a part a model never called
+    would hold its layer's product, and its other parts would take their own rows, until
+    one is dropped; forwards outside a step, at load, may leave one)."""
+    for f in fused:
+        f.release()
     try:
         yield
     finally:

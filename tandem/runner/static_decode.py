@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
@@ -39,6 +41,9 @@ import numpy as np
 from tandem.engine.plan import Segment
 from tandem.runner import kernels
 from tandem.runner.step_context import AttnView, first_key
+
+if TYPE_CHECKING:
+    from tandem.runner.model_runner import ModelRunner
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
@@ -66,7 +71,14 @@ class _Group:
     """The step's one decode group (``step_context.DecodeGroup``'s role): every row, in
     order, over its page table. The gather path reads whole tables under a mask."""
 
-    def __init__(self, tables, lengths, work, page: int, starts=None) -> None:
+    def __init__(
+        self,
+        tables: mx.array,
+        lengths: mx.array,
+        work: SimpleNamespace | None,
+        page: int,
+        starts: mx.array | None = None,
+    ) -> None:
         self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
         self.starts = starts  # a window's (or chunk's) first key in each row's table
         self.longest = tables.shape[1] * page
@@ -118,7 +130,7 @@ class _Context:
         return self.write_slots if window is None else self.window_slots
 
 
-def _body_of(ref: weakref.ref):
+def _body_of(ref: weakref.ref) -> Callable[..., tuple]:
     """The traced function, holding its ``StaticDecode`` weakly (the bound method would be
     a cycle through the compiled function, keeping a deleted engine's pool)."""
 
@@ -138,8 +150,10 @@ class StaticDecode:
         self._no_work = kernels.DecodeWork([1], 1)
 
     @property
-    def runner(self):
-        return self._runner()
+    def runner(self) -> ModelRunner:
+        runner = self._runner()
+        assert runner is not None, "the runner of a compiled step is gone"
+        return runner
 
     @staticmethod
     def eligible(runner) -> bool:
@@ -184,7 +198,7 @@ class StaticDecode:
         slots = tables[np.arange(m), starts // p] * p + (starts % p)
         slots[n:] = -1
         lengths = starts + 1
-        windows = self._windows(segments, starts, m)
+        windows = self._windows(segments, starts, m, width)
         if m > n:
             inputs = mx.concatenate([inputs, mx.zeros((m - n,), dtype=inputs.dtype)])
         # The gather path reads no work list: fixed inputs, no new shapes.
@@ -221,11 +235,14 @@ class StaticDecode:
             pool.sets[0] = written
         return outs[0] if m == n else outs[0][:n]
 
-    def _windows(self, segments: tuple[Segment, ...], starts: np.ndarray, m: int) -> list:
+    def _windows(
+        self, segments: tuple[Segment, ...], starts: np.ndarray, m: int, full_width: int
+    ) -> list[mx.array]:
         """The window group's write slots, then per span of the model's sliding windows
         and chunks (``LayerSpec.span``) each row's table from the page of its first key,
-        its keys' end and first key in that table: fixed widths (the most pages a span
-        covers), so no new shapes. Padding rows: position 0 over page 0."""
+        its keys' end and first key in that table, as wide as the most pages a span covers
+        or the full tables where those are narrower (a shape changes no more often than
+        theirs). Padding rows: position 0 over page 0."""
         r = self.runner
         p = r.pool.page_size
         windowed = bool(r.pool.window_pages)
@@ -236,7 +253,8 @@ class StaticDecode:
                 wslots[i] = s.wpages[s.start // p] * p + s.start % p
         out.append(mx.array(wslots))
         for span in self.spans:
-            width = (abs(span) - 1) // p + 2
+            # (No wider than the full tables: a row's pages up to its own end fit in those.)
+            width = min((abs(span) - 1) // p + 2, full_width)
             tables = np.zeros((m, width), dtype=np.int32)
             ends = np.ones(m, dtype=np.int32)
             firsts = np.zeros(m, dtype=np.int32)

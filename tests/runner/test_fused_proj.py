@@ -106,16 +106,25 @@ def test_inputs_up_to_rows_take_the_fused_product(monkeypatch) -> None:
     assert calls == [True, True, True, True] + [False] * 5
 
 
-def test_a_part_on_another_input_computes_its_own() -> None:
+def test_a_part_on_another_input_computes_its_own(monkeypatch) -> None:
+    """q on x, k and v on another tensor: q takes the fused product, k and v their own rows
+    (not the whole product again); a forward's end drops q's pending product."""
     attn = _Attention()
     x, kv = mx.random.normal((1, 1, 64)), mx.random.normal((1, 1, 64))
     want = attn(x, kv)
     fused = fused_proj.fuse(attn)
-    got = attn(x, kv)
-    assert all(mx.array_equal(u, v).item() for u, v in zip(want, got, strict=True))
-    # q's product was pending when k came with another input; a forward's end drops it.
+    calls = []
+    real = fused_proj.FusedLinear._matmul
+
+    def counting(self, x, a):
+        calls.append(a is self)
+        return real(self, x, a)
+
+    monkeypatch.setattr(fused_proj.FusedLinear, "_matmul", counting)
     with fused_proj.releasing(fused):
-        attn(x, kv)
+        got = attn(x, kv)
+    assert all(mx.array_equal(u, v).item() for u, v in zip(want, got, strict=True))
+    assert calls == [True, False, False]
     assert fused[0]._pending.out is None
 
 
