@@ -138,8 +138,11 @@ class DenseView:
 
 
 def _slots(pages: tuple[int, ...], lo: int, hi: int, p: int) -> np.ndarray:
+    """The pool slots of positions ``[lo, hi)`` (only the pages they are on are copied)."""
     pos = np.arange(lo, hi)
-    return np.asarray(pages, dtype=np.int32)[pos // p] * p + (pos % p).astype(np.int32)
+    first = lo // p
+    table = np.asarray(pages[first : (hi - 1) // p + 1], dtype=np.int32)
+    return table[pos // p - first] * p + (pos % p).astype(np.int32)
 
 
 class StepContext:
@@ -172,6 +175,14 @@ class StepContext:
         write_slots: list[int] = []
         window_slots: list[int] = []
         for seg in self.segments:
+            if seg.num_tokens == 1:  # (a decode: no copy of its whole page table)
+                pos = seg.start
+                positions.append(pos)
+                write_slots.append(seg.pages[pos // p] * p + pos % p)
+                if windowed:
+                    assert seg.wpages, f"{seg.request_id}: no window page table"
+                    window_slots.append(seg.wpages[pos // p] * p + pos % p)
+                continue
             positions.extend(range(seg.start, seg.end))
             write_slots.extend(_slots(seg.pages, seg.start, seg.end, p).tolist())
             if windowed:
