@@ -3,19 +3,24 @@
     python scripts/gpu_inplace_check.py [OUT.json]
 
 Tiny float32 models of each attention path (the decode kernel at head dim 64; gathers for
-head dim 16, sliding windows, sinks, MLA rows, recurrent layers), each run with in-place
+head dim 16, sliding windows, sinks, chunks, MLA rows, recurrent layers), each run with in-place
 writes and without, over staggered requests that share a prefix (prefix hits on the second
 pass), with overlap on and off, chunked prefill and int8 pages. Prints mismatches; a row is
 exact when every output is identical.
 """
 
 import json
+import os
 import random
 import sys
 import tempfile
 from pathlib import Path
 
-import tandem.runner  # noqa: F401
+# float32 matmuls in full precision: with TF32 (MLX's CUDA default) a fused matmul may
+# round differently from its parts, and the sliding-window models differed by that alone.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+import tandem.runner  # noqa: F401, E402
 from tandem import LLM, SamplingParams
 from tandem.testing import families, tiny_models
 
@@ -37,7 +42,7 @@ models = {
     ),
     "llama-hd16": tiny_models.make_tiny_model(root / "llama", "llama"),
 }
-for fam in ("gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "falcon_h1"):
+for fam in ("gemma3_text", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next", "falcon_h1"):
     models[fam] = families.make_family_model(root / fam, fam)
 
 rng = random.Random(0)
@@ -57,6 +62,9 @@ configs = {
     # Compiled decode steps (runner/static_decode.py) against uncompiled scatters.
     "compiled": {"compile_decode": True},
     "compiled-overlap-off": {"compile_decode": True, "overlap": False},
+    # q/k/v and gate/up as one matmul (runner/fused_proj.py), one row and up to 8 rows.
+    "fused-1": {"fuse_projections": 1},
+    "fused-8": {"fuse_projections": 8},
     # The model drafting for itself: its draft pool is written in place too; acceptance
     # near 100% says the draft's KV was all written.
     "self-draft": {"speculative": "draft", "num_speculative_tokens": 4, "compile_decode": 0},
@@ -89,7 +97,10 @@ for name, path in models.items():
             opts["draft_model"] = str(path)
         outs, active = {}, {}
         for inplace in (None, False):
+            # (The reference side: scatters, uncompiled, unfused.)
             o = dict(opts) if inplace is None else {**opts, "compile_decode": False}
+            if inplace is False:
+                o["fuse_projections"] = 0
             try:
                 llm = LLM(str(path), max_num_seqs=8, kv_inplace_writes=inplace, **o)
             except Exception as e:  # noqa: BLE001
