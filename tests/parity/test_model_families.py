@@ -352,7 +352,7 @@ def test_ngram_embedding_context_is_a_state_from_zeros(tmp_path):
     assert all(x.engine.scheduler.stats.hit_tokens > 0 for x in llms)
 
 
-def test_kv_reuse_layers_place_queries_at_each_rows_position(tmp_path):
+def test_kv_reuse_layers_place_queries_at_each_rows_position(tmp_path, monkeypatch):
     """afm7's KV-reuse layers attend with the last layer's keys and place queries by the
     keys' count, one per row on Tandem's caches; they take each row's position from the
     cache that stored the keys (runner/adapters.py). Chunks of 5, staggered batches with
@@ -364,4 +364,18 @@ def test_kv_reuse_layers_place_queries_at_each_rows_position(tmp_path):
     prompts = [[7 + (3 * i + n) % 400 for i in range(n)] for n in (1, 4, 5, 6, 23)]
     for p, o in zip(prompts, llm.generate(prompts, greedy(12)), strict=True):
         assert o.token_ids == reference(path, p, 12), len(p)
-    staggered_three_ways(path, "afm7", max_num_batched_tokens=16, kv_page_size=4)
+    llms = staggered_three_ways(path, "afm7", max_num_batched_tokens=16, kv_page_size=4)
+    assert all(x.engine.scheduler.stats.hit_tokens > 0 for x in llms)
+    # Verify rows (several positions of one request in a step): proposals of mlx-lm's
+    # continuation, half of them wrong from a random position on.
+    from tandem.bench.speculative import oracle
+    from tandem.engine import speculation
+
+    refs = [reference(path, p, 24) for p in prompts]
+    monkeypatch.setattr(speculation, "propose", oracle(prompts, refs, 0.5, 500, 3))
+    options = dict(speculative="ngram", speculative_min_gain=0, kv_page_size=4)
+    spec = LLM(str(path), check_invariants=True, **options)
+    for o, want in zip(spec.generate(prompts, greedy(24)), refs, strict=True):
+        assert o.token_ids == want
+    stats = spec.engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed

@@ -61,15 +61,19 @@ def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_m
     assert llm.engine.loop.runner.static is None
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss", "llama4"])
+@pytest.mark.parametrize(
+    ("model_type", "page"),
+    [("gemma3_text", 4), ("gpt_oss", 4), ("llama4", 4), ("gemma3_text", 1), ("llama4", 1)],
+)
 @pytest.mark.parametrize("window_pages", [None, 0])
-def test_windows_and_chunks_compiled_match_mlx_lm(family_model_dir, model_type, window_pages):
+def test_windows_and_chunks_compiled_match_mlx_lm(family_model_dir, model_type, page, window_pages):
     """Sliding windows (gemma3_text; gpt_oss with attention sinks) and chunks (llama4) of 8
-    positions over pages of 4, in the window page group (its pages freed behind the window)
-    or in the full one (0): staggered rows far past the window, token-exact with mlx-lm, and
-    most steady steps replayed."""
+    positions over pages of 4 (and of 1, where a span's 9 pages are wider than short rows'
+    full tables: those cap them), in the window page group (its pages freed behind the
+    window) or in the full one (0): staggered rows far past the window, token-exact with
+    mlx-lm, and most steady steps replayed."""
     path = family_model_dir(model_type)
-    llm = _llm(path, max_num_batched_tokens=64, kv_page_size=4, kv_window_pages=window_pages)
+    llm = _llm(path, max_num_batched_tokens=64, kv_page_size=page, kv_window_pages=window_pages)
     runner = llm.engine.loop.runner
     assert bool(runner.pool.window_pages) == (window_pages is None)
     assert runner.static is not None and runner.static.spans
