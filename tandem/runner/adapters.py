@@ -31,6 +31,7 @@ model type of mlx-lm combines the two).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -71,24 +72,30 @@ def _source(module: ModuleType) -> str:
         return ""
 
 
+def _replace_call(cls: type, adapted: Callable[[Callable], Callable]) -> None:
+    """``cls.__call__`` becomes ``adapted(mlx-lm's __call__)``, once (a second model of the
+    family in the process finds it done)."""
+    if not getattr(cls, "_tandem", False):
+        cls.__call__ = adapted(cls.__call__)
+        cls._tandem = True
+
+
 def _llama4_text_model(module: ModuleType) -> None:
     """Run llama4's text model without the mask built from scalar offsets, on Tandem's caches."""
-    cls = module.LlamaModel
-    if getattr(cls, "_tandem", False):
-        return
-    mlx_lm_call = cls.__call__
     chunked = module.ChunkedKVCache
 
-    def __call__(self, inputs: mx.array, cache=None):
-        if cache is None or any(isinstance(c, chunked) for c in cache):
-            return mlx_lm_call(self, inputs, cache)
-        h = self.embed_tokens(inputs)
-        for layer, c in zip(self.layers, cache, strict=True):
-            h = layer(h, None, cache=c)
-        return self.norm(h)
+    def adapted(mlx_lm_call: Callable) -> Callable:
+        def __call__(self, inputs: mx.array, cache=None):
+            if cache is None or any(isinstance(c, chunked) for c in cache):
+                return mlx_lm_call(self, inputs, cache)
+            h = self.embed_tokens(inputs)
+            for layer, c in zip(self.layers, cache, strict=True):
+                h = layer(h, None, cache=c)
+            return self.norm(h)
 
-    cls.__call__ = __call__
-    cls._tandem = True
+        return __call__
+
+    _replace_call(module.LlamaModel, adapted)
     module.__dict__["mx"] = MLX
 
 
@@ -111,22 +118,20 @@ def _ngram_context(module: ModuleType) -> None:
     Tandem's slots hold a fixed shape. On Tandem's caches the state starts as n - 1 zeros
     instead: mlx-lm shifts the ids right with zeros, so the ids it reads at every position
     are the same, and the state it keeps is always the last n - 1 (the padded context's)."""
-    cls = module.NgramEmbedding
-    if getattr(cls, "_tandem", False):
-        return
-    mlx_lm_call = cls.__call__
     own = module.ArraysCache
 
-    def __call__(self, input_ids: mx.array, cache=None):
-        if cache is None or type(cache) is own:  # mlx-lm's own cache
-            return mlx_lm_call(self, input_ids, cache)
-        context = cache[0]
-        if context is None:
-            context = mx.zeros((input_ids.shape[0], self.n - 1), dtype=mx.int64)
-        return mlx_lm_call(self, input_ids, _Context(cache, context.astype(mx.int64)))
+    def adapted(mlx_lm_call: Callable) -> Callable:
+        def __call__(self, input_ids: mx.array, cache=None):
+            if cache is None or type(cache) is own:  # mlx-lm's own cache
+                return mlx_lm_call(self, input_ids, cache)
+            context = cache[0]
+            if context is None:
+                context = mx.zeros((input_ids.shape[0], self.n - 1), dtype=mx.int64)
+            return mlx_lm_call(self, input_ids, _Context(cache, context.astype(mx.int64)))
 
-    cls.__call__ = __call__
-    cls._tandem = True
+        return __call__
+
+    _replace_call(module.NgramEmbedding, adapted)
 
 
 def _afm7_reuse(module: ModuleType) -> None:
@@ -136,24 +141,21 @@ def _afm7_reuse(module: ModuleType) -> None:
     stored the keys (the seam attends over its pages, as for the layer itself)."""
     from tandem.runner.paged import PagedCache
 
-    cls = module.KVReuseAttention
-    if getattr(cls, "_tandem", False):
-        return
-    mlx_lm_call = cls.__call__
+    def adapted(mlx_lm_call: Callable) -> Callable:
+        def __call__(self, x: mx.array, keys: mx.array, values: mx.array, mask=None):
+            owner = kv_owners.owner(keys, values)
+            if not isinstance(owner, PagedCache):
+                return mlx_lm_call(self, x, keys, values, mask)
+            b, n, _ = x.shape
+            queries = self.q_proj(x).reshape(b, n, self.n_heads, -1).transpose(0, 2, 1, 3)
+            queries = self.q_norm(self.rope(queries, offset=owner.offset))
+            sdpa = module.scaled_dot_product_attention  # (Tandem's seam, installed there)
+            out = sdpa(queries, keys, values, cache=None, scale=self.scale, mask=mask)
+            return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
-    def __call__(self, x: mx.array, keys: mx.array, values: mx.array, mask=None):
-        owner = kv_owners.owner(keys, values)
-        if not isinstance(owner, PagedCache):
-            return mlx_lm_call(self, x, keys, values, mask)
-        b, n, _ = x.shape
-        queries = self.q_proj(x).reshape(b, n, self.n_heads, -1).transpose(0, 2, 1, 3)
-        queries = self.q_norm(self.rope(queries, offset=owner.offset))
-        sdpa = module.scaled_dot_product_attention  # (Tandem's seam, installed there)
-        out = sdpa(queries, keys, values, cache=None, scale=self.scale, mask=mask)
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        return __call__
 
-    cls.__call__ = __call__
-    cls._tandem = True
+    _replace_call(module.KVReuseAttention, adapted)
 
 
 def install(model: nn.Module) -> bool:

@@ -34,6 +34,21 @@ class _Mlp(nn.Module):
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@pytest.fixture
+def matmuls(monkeypatch) -> list[bool]:
+    """Each matmul the fused layers run: True for the whole fused product, False for one
+    part's own rows."""
+    calls: list[bool] = []
+    real = fused_proj.FusedLinear._matmul
+
+    def counting(self, x, a):
+        calls.append(a is self)
+        return real(self, x, a)
+
+    monkeypatch.setattr(fused_proj.FusedLinear, "_matmul", counting)
+    return calls
+
+
 def _inputs() -> list[mx.array]:
     mx.random.seed(3)
     return [mx.random.normal(s) for s in ((1, 1, 64), (1, 5, 64), (4, 1, 64), (64,))]
@@ -62,28 +77,17 @@ def test_parts_match_the_modules_they_replace(quantize: bool, bias: bool) -> Non
     assert all(f._pending.out is None for f in fused)
 
 
-def test_one_row_runs_one_matmul() -> None:
+def test_one_row_runs_one_matmul(matmuls) -> None:
     attn = _Attention()
     fused_proj.fuse(attn)
-    calls = []
-    real = fused_proj.FusedLinear._matmul
-
-    def counting(self, x, a):
-        calls.append(a is self)
-        return real(self, x, a)
-
-    fused_proj.FusedLinear._matmul = counting
-    try:
-        attn(mx.zeros((1, 1, 64)))
-        assert calls == [True]  # the fused product, sliced three ways
-        calls.clear()
-        attn(mx.zeros((2, 1, 64)))
-        assert calls == [False, False, False]  # each part its own rows
-    finally:
-        fused_proj.FusedLinear._matmul = real
+    attn(mx.zeros((1, 1, 64)))
+    assert matmuls == [True]  # the fused product, sliced three ways
+    matmuls.clear()
+    attn(mx.zeros((2, 1, 64)))
+    assert matmuls == [False, False, False]  # each part its own rows
 
 
-def test_inputs_up_to_rows_take_the_fused_product(monkeypatch) -> None:
+def test_inputs_up_to_rows_take_the_fused_product(matmuls) -> None:
     """With ``rows`` 4, inputs of up to 4 rows take strided slices of one product, and
     give the same values; more rows take each part's own."""
     attn, mlp = _Attention(bias=True), _Mlp()
@@ -91,40 +95,24 @@ def test_inputs_up_to_rows_take_the_fused_product(monkeypatch) -> None:
     want = [(attn(x), mlp(x)) for x in xs]
     fused_proj.fuse(attn, rows=4)
     fused_proj.fuse(mlp, rows=4)
-    calls = []
-    real = fused_proj.FusedLinear._matmul
-
-    def counting(self, x, a):
-        calls.append(a is self)
-        return real(self, x, a)
-
-    monkeypatch.setattr(fused_proj.FusedLinear, "_matmul", counting)
     for x, (a, m) in zip(xs, want, strict=True):
         got_a = attn(x)
         assert all(mx.array_equal(u, v).item() for u, v in zip(a, got_a, strict=True))
         assert mx.array_equal(m, mlp(x)).item()
-    assert calls == [True, True, True, True] + [False] * 5
+    assert matmuls == [True, True, True, True] + [False] * 5
 
 
-def test_a_part_on_another_input_computes_its_own(monkeypatch) -> None:
+def test_a_part_on_another_input_computes_its_own(matmuls) -> None:
     """q on x, k and v on another tensor: q takes the fused product, k and v their own rows
     (not the whole product again); a forward's end drops q's pending product."""
     attn = _Attention()
     x, kv = mx.random.normal((1, 1, 64)), mx.random.normal((1, 1, 64))
     want = attn(x, kv)
     fused = fused_proj.fuse(attn)
-    calls = []
-    real = fused_proj.FusedLinear._matmul
-
-    def counting(self, x, a):
-        calls.append(a is self)
-        return real(self, x, a)
-
-    monkeypatch.setattr(fused_proj.FusedLinear, "_matmul", counting)
     with fused_proj.releasing(fused):
         got = attn(x, kv)
     assert all(mx.array_equal(u, v).item() for u, v in zip(want, got, strict=True))
-    assert calls == [True, False, False]
+    assert matmuls == [True, False, False]
     assert fused[0]._pending.out is None
 
 
