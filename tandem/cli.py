@@ -159,7 +159,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         default=None,
         metavar="ROWS",
         help="decode steps of at most ROWS rows replay a compiled trace of the model "
-        "(full-attention models; default 8 with CUDA's in-place KV writes, else off)",
+        "(paged attention: full, windows, chunks; default 8 with CUDA's in-place KV writes, "
+        "else off)",
     )
     p.add_argument(
         "--fuse-projections",

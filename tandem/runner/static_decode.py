@@ -7,8 +7,9 @@ to steps of single-token rows only (the steady state of a batch: no prefill chun
 prompt log-probabilities or draft), on models whose layers are all paged attention on float
 pages: full, sliding windows and chunks (no MLA rows, recurrent state or quantized pages).
 Windowed and chunked layers read each row's pages from the one holding its first key, in
-tables of the most pages their span covers (a fixed width), through the gather path as
-uncompiled steps do, and write into the window page group where there is one.
+tables of the most pages their span covers (or the full tables' width, if less), through
+the gather path as uncompiled steps do, and write into the window page group where there
+is one.
 
 Everything the graph depends on is an input array or fixed by the input shapes, so a replay
 is the step it stands for: token ids, positions, write slots, page tables (width rounded up
