@@ -11,10 +11,10 @@ from pathlib import Path
 
 
 def free() -> None:
-    """Give back what the last phase held before the next loads its own copy: a Tandem
-    engine lives in reference cycles until a collection, and MLX keeps freed buffers in its
-    cache (on an 80 GB GPU an 8B shape's copies and KV pools ran out of memory without
-    this)."""
+    """Give back what the last phase held before the next loads its own copy: anything left
+    in reference cycles (Tandem's engine was, before 2e37714), and the freed buffers MLX
+    keeps in its cache (on an 80 GB GPU an 8B shape's copies and KV pools ran out of memory
+    without this)."""
     import gc
 
     import mlx.core as mx
