@@ -359,13 +359,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
         results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt, opts)
+        _save(args.json, results)
         if args.ceiling:
-            results["single"]["ceiling_tok_s"] = plain_loop(
-                path, 1, len(prompt), args.single_tokens, args.repeats, vocab, prefill=False
-            )
-            results["single"]["of_ceiling"] = (
-                results["single"]["tandem_tok_s"] / results["single"]["ceiling_tok_s"]
-            )
+            run = (path, 1, len(prompt), args.single_tokens, args.repeats, vocab)
+            _ceiling(results["single"], *run, prefill=False)
         _report("single stream", results["single"])
         _save(args.json, results)
         for b in [int(x) for x in args.batch_sizes.split(",") if x]:
@@ -379,16 +376,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 overlap_too=b == args.overlap_batch,
                 engine_options=opts,
             )
-            if args.ceiling:
-                r["ceiling_tok_s"] = plain_loop(
-                    path, b, args.input_len, args.output_len, args.repeats, vocab, prefill=True
-                )
-                r["of_ceiling"] = r["tandem_tok_s"] / r["ceiling_tok_s"]
             results[f"batch_{b}"] = r
+            _save(args.json, results)
+            if args.ceiling:
+                run = (path, b, args.input_len, args.output_len, args.repeats, vocab)
+                _ceiling(r, *run, prefill=True)
             _report(f"B={b}", r)
             _save(args.json, results)
     _save(args.json, results)
     return results
+
+
+def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
+    """The plain-loop ceiling into ``row``, or the error it raised (out of memory on a
+    device, as mlx-lm's side records its own). The row is saved before: a crash inside MLX
+    keeps it."""
+    try:
+        row["ceiling_tok_s"] = plain_loop(*run, prefill=prefill)
+        row["of_ceiling"] = row["tandem_tok_s"] / row["ceiling_tok_s"]
+    except Exception as e:  # noqa: BLE001 - recorded, as mlx-lm's side
+        row["ceiling_error"] = f"{type(e).__name__}: {e}"[:300]
+        _free()
 
 
 def _save(path: str | None, results: dict[str, Any]) -> None:

@@ -172,7 +172,8 @@ def render_offline(d: dict[str, Any]) -> list[str]:
         mlx = _fmt(r.get("mlx_lm_tok_s")) or _failed(r.get("mlx_lm_error"))
         rows.append(
             f"| {label} | {mlx} | {_fmt(r.get('tandem_tok_s'))} "
-            f"| {'' if ratio is None else f'**{ratio:,.2f}**'} | {_fmt(r.get('ceiling_tok_s'))} "
+            f"| {'' if ratio is None else f'**{ratio:,.2f}**'} "
+            f"| {_fmt(r.get('ceiling_tok_s')) or _failed(r.get('ceiling_error'))} "
             f"| {_fmt(r.get('of_ceiling'), 2)} | {_fmt(r.get('overlap_on_off'), 2)} |"
         )
     return rows

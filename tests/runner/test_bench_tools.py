@@ -55,6 +55,11 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
             "overlap_on_off": 1.2,
         },
         "batch_16": {"mlx_lm_tok_s": 800.0, "tandem_tok_s": 1200.0, "ratio_vs_mlx_lm": 1.5},
+        "batch_64": {
+            "mlx_lm_error": "RuntimeError: cudaMallocAsync failed: out of memory",
+            "tandem_tok_s": 4000.0,
+            "ceiling_error": "RuntimeError: something else",
+        },
     }
     spec = {
         "rows": [
@@ -86,6 +91,7 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
     text = report.render("cpu", tmp_path)
     assert "| single stream | 100.0 | 130.0 | **1.30** | 140.0 | 0.93 | 1.20 |" in text
     assert "| B = 16 | 800.0 | 1,200.0 | **1.50** |" in text
+    assert "| B = 64 | out of memory | 4,000.0 |  | failed |" in text
     assert "| random | 1 | 4 | 90.0 | **1.80** | 70% | 2.80 | 0 | yes |" in text
     assert "(not run)" in text  # the entries without JSON
     assert "tandem bench offline --shape tiny" in text
@@ -96,3 +102,18 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
     text = report.render("cpu", tmp_path)
     assert "Commit `0123456789ab`, 2026-12-05; NVIDIA H100 80GB HBM3" in text
     assert "Versions: mlx 9.9" in text
+
+
+def test_a_ceiling_that_fails_is_recorded_not_fatal(monkeypatch) -> None:
+    """Out of memory in the plain loop (an 80 GB card) leaves the row's other numbers and
+    says why the ceiling is missing."""
+    from tandem.bench import offline
+
+    def oom(*a, **k):
+        raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
+
+    monkeypatch.setattr(offline, "plain_loop", oom)
+    row = {"tandem_tok_s": 10.0}
+    offline._ceiling(row, "path", 1, 8, 8, 1, 100, prefill=True)
+    error = "RuntimeError: cudaMallocAsync(&data, size, stream) failed: out of memory"
+    assert row == {"tandem_tok_s": 10.0, "ceiling_error": error}
