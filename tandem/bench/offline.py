@@ -217,7 +217,7 @@ def single_stream(
         run_mlx()
         out["mlx_lm_tok_s"] = statistics.median(run_mlx() for _ in range(repeats))
     except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not run every family
-        out["mlx_lm_error"] = f"{type(e).__name__}: {e}"[:300]
+        out["mlx_lm_error"] = _error(e)
     model = None  # free it before Tandem loads its copy
     _free()
     sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
@@ -278,7 +278,7 @@ def batched(
     try:
         out["mlx_lm_tok_s"] = total / _median_time(run_mlx, repeats)
     except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not batch every family
-        out["mlx_lm_error"] = f"{type(e).__name__}: {e}"[:300]
+        out["mlx_lm_error"] = _error(e)
     model = None  # free it before Tandem loads its copy
     _free()
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -383,8 +383,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _ceiling(r, *run, prefill=True)
             _report(f"B={b}", r)
             _save(args.json, results)
-    _save(args.json, results)
     return results
+
+
+def _error(e: Exception) -> str:
+    """What a side that failed records in its row (mlx-lm's, the ceiling's)."""
+    return f"{type(e).__name__}: {e}"[:300]
 
 
 def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
@@ -395,7 +399,7 @@ def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
         row["ceiling_tok_s"] = plain_loop(*run, prefill=prefill)
         row["of_ceiling"] = row["tandem_tok_s"] / row["ceiling_tok_s"]
     except Exception as e:  # noqa: BLE001 - recorded, as mlx-lm's side
-        row["ceiling_error"] = f"{type(e).__name__}: {e}"[:300]
+        row["ceiling_error"] = _error(e)
         _free()
 
 
