@@ -41,7 +41,7 @@ import numpy as np
 
 from tandem.engine.plan import Segment
 from tandem.runner import kernels
-from tandem.runner.step_context import AttnView, first_key
+from tandem.runner.step_context import AttnView, first_key, slot
 
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
@@ -251,7 +251,7 @@ class StaticDecode:
         wslots = np.full(m, -1, dtype=np.int32)
         if windowed:
             for i, s in enumerate(segments):
-                wslots[i] = s.wpages[s.start // p] * p + s.start % p
+                wslots[i] = slot(s.wpages, s.start, p)
         out.append(mx.array(wslots))
         for span in self.spans:
             # (No wider than the full tables: a row's pages up to its own end fit in those.)

@@ -137,6 +137,11 @@ class DenseView:
     mask: mx.array
 
 
+def slot(pages: tuple[int, ...], pos: int, p: int) -> int:
+    """The pool slot of position ``pos`` in a table of pages of ``p``."""
+    return pages[pos // p] * p + pos % p
+
+
 def _slots(pages: tuple[int, ...], lo: int, hi: int, p: int) -> np.ndarray:
     """The pool slots of positions ``[lo, hi)`` (only the pages they are on are copied)."""
     pos = np.arange(lo, hi)
@@ -178,10 +183,10 @@ class StepContext:
             if seg.num_tokens == 1:  # (a decode: no copy of its whole page table)
                 pos = seg.start
                 positions.append(pos)
-                write_slots.append(seg.pages[pos // p] * p + pos % p)
+                write_slots.append(slot(seg.pages, pos, p))
                 if windowed:
                     assert seg.wpages, f"{seg.request_id}: no window page table"
-                    window_slots.append(seg.wpages[pos // p] * p + pos % p)
+                    window_slots.append(slot(seg.wpages, pos, p))
                 continue
             positions.extend(range(seg.start, seg.end))
             write_slots.extend(_slots(seg.pages, seg.start, seg.end, p).tolist())
