@@ -3,14 +3,16 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused.)
+# (PARTS also: crossover, fused.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one; the
+# files keep their names with "8b" in them.
 set -u
 out=${1:-${OUT:-/tmp}/host}
 parts=${PARTS:-check profile}
+shape=${SHAPE:-qwen3-8b}
 mkdir -p "$out"
-m=/tmp/m8/qwen3-8b
+m=/tmp/m8/$shape
 model() {
-  [ -d $m ] || python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3-8b', 'bfloat16', Path('/tmp/m8'))"
+  [ -d $m ] || python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('$shape', 'bfloat16', Path('/tmp/m8'))"
 }
 for part in $parts; do
   case $part in
