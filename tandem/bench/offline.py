@@ -6,7 +6,9 @@
   ignored, end-to-end output tok/s of ``LLM.generate`` vs ``mlx_lm.batch_generate``;
 * overlap on vs off for the same build.
 
-Every number is a median over ``repeats`` runs after a warm-up.
+Every number is a median over ``repeats`` runs after a warm-up; each batched run has prompts
+of its own. ``--interleave`` (the default on the CPU) loads the sides together and takes
+their runs in turn (bench/sides.py).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import argparse
 import json
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tandem.bench import sides
 from tandem.bench.ceiling import free as _free
 from tandem.bench.ceiling import plain_loop
 
@@ -174,17 +176,6 @@ def make_model(spec: str, dtype: str, root: Path) -> Path:
     return tm.make_random_model(root / spec, "qwen3", shapes[spec], dtype=dtype)
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up (kernel JIT, buffer growth)
-    return statistics.median(_timed(fn) for _ in range(repeats))
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 class _NoEos:
     """A tokenizer stand-in for mlx-lm's batch_generate with EOS disabled."""
 
@@ -195,49 +186,55 @@ class _NoEos:
 
 
 def single_stream(
-    path: Path, n: int, repeats: int, prompt: list[int], engine_options: dict[str, Any]
+    path: Path,
+    n: int,
+    repeats: int,
+    prompt: list[int],
+    engine_options: dict[str, Any],
+    interleave: bool = False,
 ) -> dict[str, Any]:
+    """Decode tok/s of one stream, from its first token to its last (prefill excluded)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
     from tandem import LLM, SamplingParams
 
-    model = load(str(path))[0]
+    def mlx_lm() -> sides.Run:
+        model = load(str(path))[0]
 
-    def run_mlx() -> float:
-        t0 = 0.0
-        for i, _ in enumerate(generate_step(mx.array(prompt), model, max_tokens=n)):
-            if i == 0:
-                t0 = time.perf_counter()
-        return (n - 1) / (time.perf_counter() - t0)
-
-    out: dict[str, Any] = {}
-    try:
-        run_mlx()
-        out["mlx_lm_tok_s"] = statistics.median(run_mlx() for _ in range(repeats))
-    except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not run every family
-        out["mlx_lm_error"] = _error(e)
-    model = None  # free it before Tandem loads its copy
-    _free()
-    sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    for overlap in (True, False):
-        llm = LLM(str(path), overlap=overlap, max_num_seqs=8, **engine_options)
-
-        def run_tandem(llm: Any = llm) -> float:
+        def run(p: list[int]) -> float:
             t0 = 0.0
-            for i, _ in enumerate(llm.stream(prompt, sp)):
+            for i, _ in enumerate(generate_step(mx.array(p), model, max_tokens=n)):
                 if i == 0:
                     t0 = time.perf_counter()
             return (n - 1) / (time.perf_counter() - t0)
 
-        run_tandem()
-        key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
-        out[key] = statistics.median(run_tandem() for _ in range(repeats))
-        del llm, run_tandem  # (its default argument holds the engine too)
-        _free()
-    if "mlx_lm_tok_s" in out:
-        out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+        return run
+
+    sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+    def tandem(overlap: bool) -> sides.Loader:
+        def loader() -> sides.Run:
+            llm = LLM(str(path), overlap=overlap, max_num_seqs=8, **engine_options)
+
+            def run(p: list[int]) -> float:
+                t0 = 0.0
+                for i, _ in enumerate(llm.stream(p, sp)):
+                    if i == 0:
+                        t0 = time.perf_counter()
+                return (n - 1) / (time.perf_counter() - t0)
+
+            return run
+
+        return loader
+
+    loaders = {
+        "mlx_lm_tok_s": mlx_lm,
+        "tandem_tok_s": tandem(True),
+        "tandem_no_overlap_tok_s": tandem(False),
+    }
+    out = _measured(loaders, [prompt] * (repeats + 1), interleave)
     out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
 
@@ -251,52 +248,74 @@ def batched(
     vocab: int,
     overlap_too: bool,
     engine_options: dict[str, Any],
+    interleave: bool = False,
 ) -> dict[str, Any]:
+    """End-to-end output tok/s of B prompts, EOS ignored; each run its own prompts."""
     from mlx_lm.generate import batch_generate
     from mlx_lm.utils import load
 
     from tandem import LLM, SamplingParams
 
-    rng = random.Random(b)
-    prompts = [[rng.randrange(10, vocab) for _ in range(in_len)] for _ in range(b)]
     total = b * out_len
-    model = load(str(path))[0]
 
-    def run_mlx() -> None:
-        r = batch_generate(
-            model,
-            _NoEos(),
-            prompts,
-            max_tokens=out_len,
-            completion_batch_size=b,
-            prefill_batch_size=min(b, 8),
-            return_token_ids=True,
-        )
-        assert sum(len(t) for t in r.token_ids) == total
+    def mlx_lm() -> sides.Run:
+        model = load(str(path))[0]
 
-    out: dict[str, Any] = {}
-    try:
-        out["mlx_lm_tok_s"] = total / _median_time(run_mlx, repeats)
-    except Exception as e:  # noqa: BLE001 - recorded: mlx-lm may not batch every family
-        out["mlx_lm_error"] = _error(e)
-    model = None  # free it before Tandem loads its copy
-    _free()
+        def run(prompts: list[list[int]]) -> float:
+            t = time.perf_counter()
+            r = batch_generate(
+                model,
+                _NoEos(),
+                prompts,
+                max_tokens=out_len,
+                completion_batch_size=b,
+                prefill_batch_size=min(b, 8),
+                return_token_ids=True,
+            )
+            dt = time.perf_counter() - t
+            assert sum(len(t) for t in r.token_ids) == total
+            return total / dt
+
+        return run
+
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    for overlap in (True, False) if overlap_too else (True,):
-        llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8), **engine_options)
 
-        def run_tandem(llm: Any = llm) -> None:
-            outs = llm.generate(prompts, sp)
-            assert sum(len(o.token_ids) for o in outs) == total
+    def tandem(overlap: bool) -> sides.Loader:
+        def loader() -> sides.Run:
+            llm = LLM(str(path), overlap=overlap, max_num_seqs=max(b, 8), **engine_options)
 
-        key = "tandem_tok_s" if overlap else "tandem_no_overlap_tok_s"
-        out[key] = total / _median_time(run_tandem, repeats)
-        del llm, run_tandem  # (its default argument holds the engine too)
-        _free()
-    if "mlx_lm_tok_s" in out:
-        out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+            def run(prompts: list[list[int]]) -> float:
+                t = time.perf_counter()
+                outs = llm.generate(prompts, sp)
+                dt = time.perf_counter() - t
+                assert sum(len(o.token_ids) for o in outs) == total
+                return total / dt
+
+            return run
+
+        return loader
+
+    loaders = {"mlx_lm_tok_s": mlx_lm, "tandem_tok_s": tandem(True)}
+    if overlap_too:
+        loaders["tandem_no_overlap_tok_s"] = tandem(False)
+    out = _measured(loaders, sides.prompt_sets(b, repeats + 1, b, in_len, vocab), interleave)
     if overlap_too:
         out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
+    return out
+
+
+def _measured(loaders: dict[str, sides.Loader], inputs: list[Any], interleave: bool) -> dict:
+    """The row of one configuration: each side's median rate (mlx-lm's error if it failed:
+    it may not run or batch every family) and Tandem's ratio to mlx-lm."""
+    rates, errors = sides.measure(
+        loaders, inputs, interleave=interleave, optional=frozenset({"mlx_lm_tok_s"})
+    )
+    out: dict[str, Any] = dict(rates)
+    if "mlx_lm_tok_s" in errors:
+        out["mlx_lm_error"] = errors["mlx_lm_tok_s"]
+    else:
+        out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+    out["interleaved"] = interleave
     return out
 
 
@@ -329,6 +348,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also run the plain-loop ceiling (mlx-lm's caches, argmax, each step built on "
         "the last one's lazy tokens, no scheduling) in the same process",
     )
+    p.add_argument(
+        "--interleave",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="load mlx-lm and Tandem together and take their runs in turn, so the machine's "
+        "drift falls on both alike (auto: on for the CPU; off keeps one copy of the model "
+        "in memory at a time)",
+    )
     p.add_argument("--json", help="write results here")
 
 
@@ -358,7 +385,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             opts["kv_double_buffer"] = args.kv_double_buffer == "on"
         opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
-        results["single"] = single_stream(path, args.single_tokens, args.repeats, prompt, opts)
+        interleave = args.interleave == "on" or (
+            args.interleave == "auto" and mx.default_device().type == mx.cpu
+        )
+        results["interleaved"] = interleave
+        results["single"] = single_stream(
+            path, args.single_tokens, args.repeats, prompt, opts, interleave
+        )
         _save(args.json, results)
         if args.ceiling:
             run = (path, 1, len(prompt), args.single_tokens, args.repeats, vocab)
@@ -375,6 +408,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 vocab,
                 overlap_too=b == args.overlap_batch,
                 engine_options=opts,
+                interleave=interleave,
             )
             results[f"batch_{b}"] = r
             _save(args.json, results)
@@ -386,11 +420,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def _error(e: Exception) -> str:
-    """What a side that failed records in its row (mlx-lm's, the ceiling's)."""
-    return f"{type(e).__name__}: {e}"[:300]
-
-
 def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
     """The plain-loop ceiling into ``row``, or the error it raised (out of memory on a
     device, as mlx-lm's side records its own). The row is saved before: a crash inside MLX
@@ -399,7 +428,7 @@ def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
         row["ceiling_tok_s"] = plain_loop(*run, prefill=prefill)
         row["of_ceiling"] = row["tandem_tok_s"] / row["ceiling_tok_s"]
     except Exception as e:  # noqa: BLE001 - recorded, as mlx-lm's side
-        row["ceiling_error"] = _error(e)
+        row["ceiling_error"] = sides.error_text(e)
         _free()
 
 

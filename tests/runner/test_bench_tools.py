@@ -3,6 +3,7 @@ phases add up to the step, and the plain-loop ceiling decodes the greedy tokens 
 
 from __future__ import annotations
 
+import pytest
 from mlx_lm.utils import load
 
 from tandem.bench import ceiling, step_profile
@@ -117,3 +118,95 @@ def test_a_ceiling_that_fails_is_recorded_not_fatal(monkeypatch) -> None:
     offline._ceiling(row, "path", 1, 8, 8, 1, 100, prefill=True)
     error = "RuntimeError: cudaMallocAsync(&data, size, stream) failed: out of memory"
     assert row == {"tandem_tok_s": 10.0, "ceiling_error": error}
+
+
+def _sides(log: list[str], fail: dict[str, str] | None = None):
+    """Fake sides: each run logs (side, input) and rates the input itself; ``fail`` makes a
+    side raise at "load" or at an input."""
+    fail = fail or {}
+
+    def loader(name: str):
+        def load():
+            log.append(f"load {name}")
+            if fail.get(name) == "load":
+                raise RuntimeError(f"{name} failed to load")
+
+            def run(x: int) -> float:
+                log.append(f"{name} {x}")
+                if fail.get(name) == str(x):
+                    raise RuntimeError(f"{name} failed at {x}")
+                return float(x)
+
+            return run
+
+        return load
+
+    return {name: loader(name) for name in ("a", "b")}
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_sides_are_taken_in_turn_or_phase_by_phase(interleave) -> None:
+    """Interleaved: every side is loaded, then the inputs go round the sides in turn;
+    phase by phase: one side's load and runs, then the next's. The first input only warms
+    each side up."""
+    from tandem.bench import sides
+
+    log: list[str] = []
+    rates, errors = sides.measure(_sides(log), [100, 1, 2, 6], interleave=interleave)
+    assert rates == {"a": 2.0, "b": 2.0} and errors == {}
+    if interleave:
+        assert log == [
+            "load a",
+            "a 100",
+            "load b",
+            "b 100",
+            "a 1",
+            "b 1",
+            "a 2",
+            "b 2",
+            "a 6",
+            "b 6",
+        ]
+    else:
+        assert log == [
+            "load a",
+            "a 100",
+            "a 1",
+            "a 2",
+            "a 6",
+            "load b",
+            "b 100",
+            "b 1",
+            "b 2",
+            "b 6",
+        ]
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("when", ["load", "100", "2"])
+def test_an_optional_side_that_fails_is_recorded_and_the_rest_go_on(interleave, when) -> None:
+    from tandem.bench import sides
+
+    log: list[str] = []
+    loaders = _sides(log, {"a": when})
+    rates, errors = sides.measure(
+        loaders, [100, 1, 2, 6], interleave=interleave, optional=frozenset({"a"})
+    )
+    assert rates == {"b": 2.0}
+    assert errors == {
+        "a": f"RuntimeError: a failed {'to load' if when == 'load' else 'at ' + when}"
+    }
+    assert "a 6" not in log and "b 6" in log
+    with pytest.raises(RuntimeError, match="a failed"):
+        sides.measure(_sides([], {"a": when}), [100, 1, 2, 6], interleave=interleave)
+
+
+def test_batched_prompt_sets_are_distinct() -> None:
+    """No run repeats another's prompts: Tandem's prefix cache must not serve a timed run
+    from the warm-up's (mlx-lm has no cache to hit)."""
+    from tandem.bench import sides
+
+    sets = sides.prompt_sets(16, 4, 16, 64, 512)
+    assert len(sets) == 4 and all(len(s) == 16 and all(len(p) == 64 for p in s) for s in sets)
+    firsts = [tuple(p[:16]) for s in sets for p in s]
+    assert len(set(firsts)) == len(firsts)
