@@ -273,7 +273,7 @@ def batched(
                 return_token_ids=True,
             )
             dt = time.perf_counter() - t
-            assert sum(len(t) for t in r.token_ids) == total
+            assert sum(len(ids) for ids in r.token_ids) == total
             return total / dt
 
         return run
@@ -298,13 +298,16 @@ def batched(
     loaders = {"mlx_lm_tok_s": mlx_lm, "tandem_tok_s": tandem(True)}
     if overlap_too:
         loaders["tandem_no_overlap_tok_s"] = tandem(False)
-    out = _measured(loaders, sides.prompt_sets(b, repeats + 1, b, in_len, vocab), interleave)
+    sets = sides.prompt_sets(seed=b, count=repeats + 1, b=b, length=in_len, vocab=vocab)
+    out = _measured(loaders, sets, interleave)
     if overlap_too:
         out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
 
 
-def _measured(loaders: dict[str, sides.Loader], inputs: list[Any], interleave: bool) -> dict:
+def _measured(
+    loaders: dict[str, sides.Loader], inputs: list[Any], interleave: bool
+) -> dict[str, Any]:
     """The row of one configuration: each side's median rate (mlx-lm's error if it failed:
     it may not run or batch every family) and Tandem's ratio to mlx-lm."""
     rates, errors = sides.measure(
@@ -315,8 +318,14 @@ def _measured(loaders: dict[str, sides.Loader], inputs: list[Any], interleave: b
         out["mlx_lm_error"] = errors["mlx_lm_tok_s"]
     else:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
-    out["interleaved"] = interleave
     return out
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -327,7 +336,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--single-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=_positive, default=3)
     p.add_argument(
         "--overlap-batch", type=int, default=64, help="also run this batch size with overlap off"
     )
@@ -354,7 +363,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="load mlx-lm and Tandem together and take their runs in turn, so the machine's "
         "drift falls on both alike (auto: on for the CPU; off keeps one copy of the model "
-        "in memory at a time)",
+        "in memory at a time; on a GPU the engine loaded second sizes its KV pool from the "
+        "memory left after the first)",
     )
     p.add_argument("--json", help="write results here")
 

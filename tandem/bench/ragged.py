@@ -107,7 +107,10 @@ def run(args: argparse.Namespace) -> dict:
     import mlx.core as mx
 
     mx.clear_cache()
-    llm = LLM(str(path), max_num_seqs=max(b, 8), **json.loads(args.engine_options))
+    # No prefix cache (unless asked): the cases share their short prompts and every run
+    # repeats the warm-up's, so hits would skip the prefills whose cost this measures.
+    options = {"prefix_cache": False, **json.loads(args.engine_options)}
+    llm = LLM(str(path), max_num_seqs=max(b, 8), **options)
     for name, (prompts, short) in cases.items():
         tandem_run(llm, prompts, args.output_len, short)  # warm-up (kernel JIT)
         runs = [tandem_run(llm, prompts, args.output_len, short) for _ in range(args.repeats)]

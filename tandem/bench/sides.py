@@ -2,10 +2,10 @@
 loader that returns a run: a callable from one input to a rate (tok/s).
 
 Two ways to take them:
-- **interleaved**: every side loaded at once, the runs taken in turn for each input, so the
-  machine's drift falls on every side alike (this 2-core CPU's speed swings up to 2x from
-  one minute to the next, and phase-by-phase ratios swung with it: 0.72-0.99 for one
-  configuration that, interleaved, read 1.15);
+- **interleaved**: every side loaded at once, the runs taken in turn for each input (the
+  order rotating from one input to the next), so the machine's drift falls on every side
+  alike (this 2-core CPU's speed swings up to 2x from one minute to the next, and ratios
+  taken phase by phase swung with it);
 - **phase by phase**: one side at a time, freed before the next loads (one copy of the model
   in memory: the large shapes on a GPU).
 
@@ -61,13 +61,14 @@ def measure(
             if name not in optional:
                 raise
             errors[name] = error_text(e)
-            free()
-            return None
+        free()  # (outside the handler: its traceback holds the failed side's frames)
+        return None
 
     def load(name: str) -> Run | None:
         run = attempt(name, loaders[name])
-        if run is None or attempt(name, run, inputs[0]) is None:
-            return None
+        if run is not None and attempt(name, run, inputs[0]) is None:
+            run = None  # its warm-up failed
+            free()
         return run
 
     def take(name: str, run: Run | None, x: Any) -> None:
@@ -76,10 +77,13 @@ def measure(
             rates[name].append(rate)
 
     if interleave:
-        runs = {name: load(name) for name in loaders}
-        for x in inputs[1:]:
-            for name, run in runs.items():
-                take(name, run, x)
+        runs: dict[str, Run | None] = {name: load(name) for name in loaders}
+        names = list(runs)
+        for i, x in enumerate(inputs[1:]):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                take(name, runs[name], x)
+                if name in errors:
+                    runs[name] = None  # (a failed side's model goes at once)
         runs.clear()
         free()
     else:

@@ -154,18 +154,10 @@ def test_sides_are_taken_in_turn_or_phase_by_phase(interleave) -> None:
     log: list[str] = []
     rates, errors = sides.measure(_sides(log), [100, 1, 2, 6], interleave=interleave)
     assert rates == {"a": 2.0, "b": 2.0} and errors == {}
-    if interleave:
+    if interleave:  # (the order rotates from one input to the next)
         assert log == [
-            "load a",
-            "a 100",
-            "load b",
-            "b 100",
-            "a 1",
-            "b 1",
-            "a 2",
-            "b 2",
-            "a 6",
-            "b 6",
+            *("load a", "a 100", "load b", "b 100"),
+            *("a 1", "b 1", "b 2", "a 2", "a 6", "b 6"),
         ]
     else:
         assert log == [
@@ -210,3 +202,43 @@ def test_batched_prompt_sets_are_distinct() -> None:
     assert len(sets) == 4 and all(len(s) == 16 and all(len(p) == 64 for p in s) for s in sets)
     firsts = [tuple(p[:16]) for s in sets for p in s]
     assert len(set(firsts)) == len(firsts)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("fail", [None, "load", "100", "2"])
+def test_no_side_outlives_its_measurement(interleave, fail) -> None:
+    """Every side's model (here a stand-in object its run holds) is gone when ``measure``
+    returns, and in phase mode before the next side loads: the next phase, or the ceiling,
+    loads its own copy."""
+    import weakref
+
+    from tandem.bench import sides
+
+    alive: dict[str, weakref.ref] = {}
+    at_load: list[list[str]] = []
+
+    class Model:
+        pass
+
+    def loader(name: str):
+        def load():
+            at_load.append([n for n, r in alive.items() if r() is not None])
+            model = Model()
+            alive[name] = weakref.ref(model)
+
+            def run(x: int) -> float:
+                if name == "a" and fail == str(x):
+                    raise RuntimeError("failed")
+                return float(x) + 0 * id(model)
+
+            if name == "a" and fail == "load":
+                raise RuntimeError("failed")
+            return run
+
+        return load
+
+    loaders = {n: loader(n) for n in ("a", "b")}
+    sides.measure(loaders, [100, 1, 2, 6], interleave=interleave, optional=frozenset({"a"}))
+    assert all(r() is None for r in alive.values())
+    if not interleave:
+        assert at_load == [[], []]
