@@ -3,9 +3,11 @@
 
     python scripts/gpu_determinism.py [FAMILY]
 
-On the H200 (fc32873, float32, TF32 off) two runs with scatters already differed in 7 of 12
-outputs, so scripts/gpu_inplace_check.py's gpt_oss rows cannot be exact: that is not the
-in-place writes.
+On the H200 (fc32873, float32, TF32 off; this family model, heads 16 wide) two engines with
+scatters already differed in 7 of 12 outputs (docs/benchmarks/h200-host/
+determinism-gpt_oss.txt), so scripts/gpu_inplace_check.py's gpt_oss rows cannot be exact,
+whatever the in-place writes do. (Tandem against Tandem: whether MLX or Tandem's sinks path
+is the cause is not settled.)
 """
 
 import os

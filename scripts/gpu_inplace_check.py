@@ -22,7 +22,7 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 import tandem.runner  # noqa: F401, E402
 from tandem import LLM, SamplingParams
-from tandem.testing import families, tiny_models
+from tandem.testing import families, model_zoo, tiny_models
 
 root = Path(tempfile.mkdtemp())
 models = {
@@ -40,22 +40,48 @@ models = {
         },
         dtype="float32",
     ),
-    "llama-hd16": tiny_models.make_tiny_model(root / "llama", "llama"),
+    # No decode kernel at head dim 32: the gather path.
+    "llama-hd32": tiny_models.make_random_model(
+        root / "llama",
+        "llama",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 512,
+        },
+        dtype="float32",
+    ),
 }
-# MLX's CUDA rope faults on (T, H, 1, 16) queries with per-token offsets, the layout of a
-# step of two or more prompts (scripts/gpu_rope_hd16.py): the family configs' head dim of 16
-# failed every unchunked prefill of several prompts on the H200 (fc32873), so here rope
-# gets 32 dims. (llama4's zoo model keeps its own.)
+# MLX's CUDA rope faults when it rotates 16 dims or fewer of (T, H, 1, D) queries with an
+# offset per token, the layout of a step of two or more prompts (scripts/gpu_rope_hd16.py):
+# on the H200 (fc32873) the families' 16-wide heads (deepseek_v3: 8 rope dims) failed every
+# unchunked prefill of several prompts. Here their heads are 32 wide.
 WIDER = {"head_dim": 32, "qk_rope_head_dim": 32}
 for fam in ("gemma3_text", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next", "falcon_h1"):
-    if fam in families.FAMILIES:
-        config = families.family_config(fam)
-        config.update({k: v for k, v in WIDER.items() if k in config})
-        models[fam] = tiny_models._write_model(root / fam, config, 0, "float32", 512)
-    else:
-        models[fam] = families.make_family_model(root / fam, fam)
-if os.environ.get("MODELS"):  # e.g. MODELS=gemma3_text,gpt_oss: only these rows
-    models = {k: v for k, v in models.items() if k in os.environ["MODELS"].split(",")}
+    if fam in families.CHUNKED:  # (llama4, a zoo model)
+        over = {"text_config": {"head_dim": 32, "floor_scale": 4}}
+        models[fam] = model_zoo.make_zoo_model(root / fam, fam, overrides=over)
+        continue
+    config = families.family_config(fam)
+    config.update({k: v for k, v in WIDER.items() if k in config})
+    models[fam] = tiny_models.write_model(root / fam, config)
+
+
+def chosen(var: str, names: list[str]) -> list[str]:
+    """The names listed in environment variable ``var`` (all when unset); an unknown one
+    is an error, not a row quietly left out."""
+    if not os.environ.get(var):
+        return names
+    want = os.environ[var].split(",")
+    unknown = set(want) - set(names)
+    assert not unknown, f"{var}: unknown {sorted(unknown)} (known: {names})"
+    return want
+
+
+models = {k: models[k] for k in chosen("MODELS", list(models))}
 
 rng = random.Random(0)
 prefix = [rng.randrange(5, 500) for _ in range(40)]
@@ -104,7 +130,7 @@ for name, path in models.items():
     if name in families.RECURRENT:
         names.append("ngram")
     if os.environ.get("CONFIGS"):  # e.g. CONFIGS=chunked-64,compiled-chunked-64
-        names = [c for c in os.environ["CONFIGS"].split(",") if c in configs]
+        names = chosen("CONFIGS", list(configs))
     plain = None  # the "default" row's outputs
     for cname in names:
         opts = dict(configs[cname])
@@ -162,6 +188,9 @@ if len(sys.argv) > 1:
 bad = [
     r
     for r in rows
-    if r.get("mismatched_outputs", 1) or r.get("mismatched_vs_default") or any(r["failed_steps"])
+    if r.get("mismatched_outputs", 1)
+    or r.get("mismatched_vs_default")
+    or any(r.get("failed_steps", ()))
 ]
+assert rows, "no rows ran"
 print("ALL EXACT" if not bad else f"{len(bad)} rows not exact", f"(failed steps: {failures})")

@@ -1,19 +1,21 @@
-"""MLX's CUDA rope with per-token offsets, by head dim, heads and tokens: which shapes fail.
+"""MLX's CUDA rope with an offset per token, by rotary width, heads and tokens: which fail.
 
     python scripts/gpu_rope_hd16.py
 
-On the H200 (mlx-cuda 0.32.4, fc32873) every (T, H, 1, 16) input with T * H >= 256 or so
-failed with ``cudaGraphAddKernelNode ... invalid argument`` (``cudaLaunchKernelExC`` with
-MLX_USE_CUDA_GRAPHS=0); head dims 32-256 and the (1, H, T, 16) layout did not. Tandem's
-steps of several prompts take that layout (one token per row, offsets per token), so a model
-with rope over 16 dims cannot prefill two prompts in one step on CUDA; real models' heads are
-64 and wider, the tiny test families' are 16.
+On the H200 (mlx-cuda 0.32.4, fc32873), 16 dims of (T, H, 1, 16) inputs with an offset per
+token (Tandem's layout for a step of two or more prompts: one token per row) failed with
+``cudaGraphAddKernelNode ... invalid argument`` (``cudaLaunchKernelExC`` with
+MLX_USE_CUDA_GRAPHS=0) from T = 128 at one to four heads and from T = 64 at 32 heads;
+32-256 dims did not fail. (In Tandem's check deepseek_v3's 8 rope dims failed too: this
+sweep now has 8.) The last lines compare layouts at 16 dims: (1, H, T, D) with one offset
+for its one row (the sequence layout, which the recurrent families' steps take), and
+(T, 1, H, D) with one per row.
 """
 
 import mlx.core as mx
 
 bad = []
-for d in (16, 32, 64, 128, 256):
+for d in (8, 16, 32, 64, 128, 256):
     for h in (1, 4, 32):
         for t in (2, 8, 64, 128, 256, 293, 1024, 4096):
             for trad in (False, True):

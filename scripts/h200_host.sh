@@ -3,8 +3,8 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one; the
-# files keep their names with "8b" in them.
+# (PARTS also: crossover, fused.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
 parts=${PARTS:-check profile}
@@ -54,15 +54,15 @@ for part in $parts; do
     for f in 0 1 16; do
       timeout 200 python3 -m tandem.bench.step_profile --model $m --dtype bfloat16 --batch 1,16 \
         --input-len 128 --steps 128 --engine-options "{\"fuse_projections\": $f}" \
-        --json "$out/fused-profile-8b-$f.json" \
+        --json "$out/fused-profile-$shape-$f.json" \
         2>&1 | grep "overlap=on" | cut -c1-300
     done
     for f in 0 1; do
       timeout 200 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes "" \
         --single-tokens 256 --repeats 3 --overlap-batch 0 --engine-options "{\"fuse_projections\": $f}" \
-        --json "$out/fused-offline-8b-$f.json" 2>&1 | grep "single stream"
+        --json "$out/fused-offline-$shape-$f.json" 2>&1 | grep "single stream"
     done
-    timeout 200 python3 scripts/fused_divergence.py $m "$out/fused-divergence.json" 2>&1 | tail -3 ;;
+    timeout 200 python3 scripts/fused_divergence.py $m "$out/fused-divergence-$shape.json" 2>&1 | tail -3 ;;
   http)
     # Item 5: the engine's step time in the server vs offline, CPU per token of the HTTP
     # process (random Qwen3-0.6B shape; the GGUF default model is not on the device).
