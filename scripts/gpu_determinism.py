@@ -3,7 +3,8 @@
 
     python scripts/gpu_determinism.py [FAMILY]
 
-On the H200 (fc32873, float32, TF32 off; this family model, heads 16 wide) two engines with
+The family model has 32-wide heads now (scripts/gpu_workload.py). On the H200 (fc32873,
+float32, TF32 off; the family model then, heads 16 wide) two engines with
 scatters already differed in 7 of 12 outputs (docs/benchmarks/h200-host/
 determinism-gpt_oss.txt), so scripts/gpu_inplace_check.py's gpt_oss rows cannot be exact,
 whatever the in-place writes do. (Tandem against Tandem: whether MLX or Tandem's sinks path
@@ -11,27 +12,22 @@ is the cause is not settled.)
 """
 
 import os
-import random
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
-import tandem.runner  # noqa: F401, E402
-from tandem import LLM, SamplingParams  # noqa: E402
-from tandem.testing import families  # noqa: E402
+import tandem.runner  # noqa: F401, E402  (preloads BLAS before mlx)
+
+# isort: split
+import gpu_workload  # noqa: E402 - scripts/, beside this file
+
+from tandem import LLM  # noqa: E402
 
 family = sys.argv[1] if len(sys.argv) > 1 else "gpt_oss"
-path = families.make_family_model(Path(tempfile.mkdtemp()) / family, family)
-rng = random.Random(0)
-prefix = [rng.randrange(5, 500) for _ in range(40)]
-prompts = [
-    prefix + [rng.randrange(5, 500) for _ in range(rng.randrange(3, 300))] for _ in range(12)
-]
-params = [
-    SamplingParams(max_tokens=rng.randrange(8, 48), temperature=0, ignore_eos=True) for _ in prompts
-]
+path = gpu_workload.family_model(Path(tempfile.mkdtemp()), family)
+prompts, params = gpu_workload.requests()
 runs = {
     "scatter1": {"kv_inplace_writes": False},
     "scatter2": {"kv_inplace_writes": False},

@@ -11,7 +11,6 @@ exact when every output is identical.
 
 import json
 import os
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -20,9 +19,13 @@ from pathlib import Path
 # round differently from its parts, and the sliding-window models differed by that alone.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
-import tandem.runner  # noqa: F401, E402
-from tandem import LLM, SamplingParams
-from tandem.testing import families, model_zoo, tiny_models
+import tandem.runner  # noqa: F401, E402  (preloads BLAS before mlx)
+
+# isort: split
+import gpu_workload  # noqa: E402 - scripts/, beside this file
+
+from tandem import LLM
+from tandem.testing import families, tiny_models
 
 root = Path(tempfile.mkdtemp())
 models = {
@@ -55,19 +58,8 @@ models = {
         dtype="float32",
     ),
 }
-# MLX's CUDA rope faults when it rotates 16 dims or fewer of (T, H, 1, D) queries with an
-# offset per token, the layout of a step of two or more prompts (scripts/gpu_rope_hd16.py):
-# on the H200 (fc32873) the families' 16-wide heads (deepseek_v3: 8 rope dims) failed every
-# unchunked prefill of several prompts. Here their heads are 32 wide.
-WIDER = {"head_dim": 32, "qk_rope_head_dim": 32}
 for fam in ("gemma3_text", "gpt_oss", "llama4", "deepseek_v3", "qwen3_next", "falcon_h1"):
-    if fam in families.CHUNKED:  # (llama4, a zoo model)
-        over = {"text_config": {"head_dim": 32, "floor_scale": 4}}
-        models[fam] = model_zoo.make_zoo_model(root / fam, fam, overrides=over)
-        continue
-    config = families.family_config(fam)
-    config.update({k: v for k, v in WIDER.items() if k in config})
-    models[fam] = tiny_models.write_model(root / fam, config)
+    models[fam] = gpu_workload.family_model(root, fam)
 
 
 def chosen(var: str, names: list[str]) -> list[str]:
@@ -83,14 +75,7 @@ def chosen(var: str, names: list[str]) -> list[str]:
 
 models = {k: models[k] for k in chosen("MODELS", list(models))}
 
-rng = random.Random(0)
-prefix = [rng.randrange(5, 500) for _ in range(40)]
-prompts = [
-    prefix + [rng.randrange(5, 500) for _ in range(rng.randrange(3, 300))] for _ in range(12)
-]
-params = [
-    SamplingParams(max_tokens=rng.randrange(8, 48), temperature=0, ignore_eos=True) for _ in prompts
-]
+prompts, params = gpu_workload.requests()
 # Uncompiled unless the row says so (compiled steps are the CUDA default for up to 8 rows).
 configs = {
     "default": {"compile_decode": 0},
