@@ -182,7 +182,7 @@ def measure(model: str, url: str, concurrency: int, n: int) -> Row:
 
 def main() -> None:
     import tandem.runner  # noqa: F401
-    from tandem.bench.offline import make_model
+    from tandem.bench.shapes import make_model
     from tandem.testing.live_server import Server
 
     ap = argparse.ArgumentParser()

@@ -179,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.shape is None:
         return run(args, args.model)
-    from tandem.bench.offline import make_model
+    from tandem.bench.shapes import make_model
 
     with tempfile.TemporaryDirectory() as tmp:
         dtype = "bfloat16" if args.dtype == "auto" else args.dtype

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.offline import RANDOM_SHAPES, _NoEos, make_model
+from tandem.bench.offline import _NoEos
+from tandem.bench.shapes import RANDOM_SHAPES, make_model
 
 
 def tandem_run(llm: Any, prompts: list[list[int]], out_len: int, short: set[int]) -> dict:

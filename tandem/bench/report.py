@@ -129,7 +129,7 @@ def command(entry: Entry, out: Path, models: Path | None = None) -> list[str]:
 def run_entry(entry: Entry, out: Path, timeout: float) -> dict[str, Any]:
     """Run one benchmark in a process of its own; its log beside its JSON."""
     if entry.model is not None and not (models_dir(entry) / entry.model).exists():
-        from tandem.bench.offline import make_model
+        from tandem.bench.shapes import make_model
 
         make_model(entry.model, entry.dtype, models_dir(entry))
     argv = command(entry, out)

@@ -144,7 +144,7 @@ def profile(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
-    from tandem.bench.offline import RANDOM_SHAPES, make_model
+    from tandem.bench.shapes import RANDOM_SHAPES, make_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="model directory (default: a random-weight --shape)")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.bench.offline import RANDOM_SHAPES, make_model
+from tandem.bench.shapes import RANDOM_SHAPES, make_model
 
 
 def run(llm: Any, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
