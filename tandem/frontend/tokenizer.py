@@ -147,3 +147,13 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]
         return ""
+
+    def finish(self) -> str:
+        """At the output's end: what ``add`` still holds back, as a full decode has it. The
+        held text ends in U+FFFD: a replacement character the model wrote, or the bytes of
+        a character the output stopped inside (max_tokens). Nothing is added after this."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        self._stream = None
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :] if len(full) > len(prefix) else ""

@@ -209,10 +209,15 @@ class Service:
                         break  # the stop token is not text (a completed grammar's is)
                     text += matcher.feed(detok.add([token]))
                     if matcher.stopped:
-                        p = piece(text, "stop")
-                        p.stop_sequence = matcher.matched
-                        yield p
-                        return
+                        break
+                if d.finish_reason is not None and not matcher.stopped:
+                    # (what the detokenizer held back: a trailing U+FFFD is text too)
+                    text += matcher.feed(detok.finish())
+                if matcher.stopped:
+                    p = piece(text, "stop")
+                    p.stop_sequence = matcher.matched
+                    yield p
+                    return
                 if d.finish_reason is not None:
                     yield piece(text + matcher.flush(), d.finish_reason)
                     return

@@ -83,7 +83,8 @@ def test_streamed_text_equals_the_full_decode(tokenizer, pieces, sizes, skip):
     for text, special in pieces:
         ids += [*tokenizer.encode(text, add_special_tokens=False), special]
     ids.pop()  # the text may end inside a word, never inside a character
-    out = "".join(streamed(tokenizer, [], split(ids, sizes), skip))
+    d = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=skip)
+    out = "".join(d.add(c) for c in split(ids, sizes)) + d.finish()
     assert out == tokenizer.decode(ids, skip_special_tokens=skip)
 
 
@@ -98,6 +99,21 @@ def test_any_token_sequence_gives_the_same_deltas_as_before(tokenizer, data, ski
     assert streamed(tokenizer, prompt, chunks, skip) == decode_twice(
         tokenizer, prompt, chunks, skip
     )
+
+
+@pytest.mark.parametrize("text", ["ok \ufffd", "\ufffd", "a ☃"])
+def test_what_is_held_back_comes_out_at_the_end(tokenizer, text):
+    """A replacement character the output really ends with (found by the property test
+    above), or a character it stopped inside: the finished stream says what a full decode
+    says, where ``add`` alone held it back."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if text == "a ☃":
+        ids = ids[:-1]  # stopped inside the snowman's bytes
+    d = IncrementalDetokenizer(tokenizer)
+    held = "".join(d.add([t]) for t in ids)
+    assert held + d.finish() == tokenizer.decode(ids)
+    assert tokenizer.decode(ids).endswith("\ufffd") and not held.endswith("\ufffd")
+    assert d.finish() == "" and d.add([]) == ""
 
 
 def test_a_character_split_across_tokens_comes_out_whole(tokenizer):

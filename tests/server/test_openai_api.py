@@ -641,3 +641,21 @@ def test_returned_assistant_message_can_be_sent_back_and_template_is_not_replace
         json={"messages": msgs[:1], "chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
     )
     assert r.status_code == 400
+
+
+def test_the_text_is_every_token_decoded_even_when_it_ends_inside_a_character(server, served_model):
+    """Outputs cut at every length: the text (whole and streamed) is what decoding its
+    token ids gives, a trailing U+FFFD included (the bytes of a character max_tokens cut,
+    which the streaming detokenizer holds back until the end)."""
+    c = client(server)
+    tok = LLM(str(served_model)).tokenizer if "llm" not in _offline else _offline["llm"].tokenizer
+    cut = 0
+    for n in range(1, 25):
+        kw = dict(model="tiny", prompt=[101, 7, 9], max_tokens=n, temperature=0)
+        kw["extra_body"] = {"ignore_eos": True, "return_token_ids": True}
+        whole = c.completions.create(**kw).choices[0]
+        want = tok.decode(whole.model_extra["token_ids"])
+        streamed = "".join(ch.choices[0].text for ch in c.completions.create(**kw, stream=True))
+        assert whole.text == streamed == want, n
+        cut += want.endswith("\ufffd")
+    assert cut, "no output length ended inside a character: the test shows nothing"
