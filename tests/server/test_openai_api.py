@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tandem import LLM, SamplingParams
+from tandem.frontend.tokenizer import Tokenizer
 from tandem.testing.live_server import API_KEY, Server
 
 _offline: dict = {}
@@ -648,7 +649,7 @@ def test_the_text_is_every_token_decoded_even_when_it_ends_inside_a_character(se
     token ids gives, a trailing U+FFFD included (the bytes of a character max_tokens cut,
     which the streaming detokenizer holds back until the end)."""
     c = client(server)
-    tok = LLM(str(served_model)).tokenizer if "llm" not in _offline else _offline["llm"].tokenizer
+    tok = Tokenizer.load(served_model)
     cut = 0
     for n in range(1, 25):
         kw = dict(model="tiny", prompt=[101, 7, 9], max_tokens=n, temperature=0)
