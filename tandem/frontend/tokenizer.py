@@ -125,6 +125,11 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
+    def _window_texts(self) -> tuple[str, str]:
+        """The last output's window decoded, and the window with every token after it."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        return prefix, self._decode(self.ids[self.prefix_offset :])
+
     def add(self, new_ids: list[int] | tuple[int, ...]) -> str:
         self.ids.extend(new_ids)
         if not new_ids:
@@ -141,8 +146,7 @@ class IncrementalDetokenizer:
                     return ""
                 self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
                 return text
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
+        prefix, full = self._window_texts()
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix) :]
@@ -152,8 +156,7 @@ class IncrementalDetokenizer:
         """At the output's end: what ``add`` still holds back, as a full decode has it. The
         held text ends in U+FFFD: a replacement character the model wrote, or the bytes of
         a character the output stopped inside (max_tokens). Nothing is added after this."""
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
+        prefix, full = self._window_texts()
         self._stream = None
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :] if len(full) > len(prefix) else ""
