@@ -1,5 +1,6 @@
 """Is a tiny gpt-oss run deterministic on this backend? The same greedy requests, five engines
-(scatters twice, in-place writes twice, one sequence at a time), each compared with the first.
+(scatters twice, in-place writes twice, one sequence at a time), each compared with the first;
+then mlx-lm's ``generate_step`` twice (the control: does mlx-lm's own path repeat itself?).
 
     python scripts/gpu_determinism.py [FAMILY]
 
@@ -22,6 +23,9 @@ import tandem.runner  # noqa: F401, E402  (preloads BLAS before mlx)
 
 # isort: split
 import gpu_workload  # noqa: E402 - scripts/, beside this file
+import mlx.core as mx  # noqa: E402
+from mlx_lm import load  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
 
 from tandem import LLM  # noqa: E402
 
@@ -47,4 +51,25 @@ for name, got in outs.items():
         name,
         "outputs differing from scatter1:",
         sum(a != b for a, b in zip(outs["scatter1"], got, strict=True)),
+    )
+model = load(str(path))[0]
+ref = []
+for _run in range(2):
+    ref.append(
+        [
+            [int(t) for t, _ in generate_step(mx.array(p), model, max_tokens=sp.max_tokens)]
+            for p, sp in zip(prompts, params, strict=True)
+        ]
+    )
+print(
+    family,
+    "mlx-lm run 2: outputs differing from mlx-lm run 1:",
+    sum(a != b for a, b in zip(ref[0], ref[1], strict=True)),
+)
+for name, got in outs.items():
+    print(
+        family,
+        name,
+        "outputs differing from mlx-lm run 1:",
+        sum(a != b for a, b in zip(ref[0], got, strict=True)),
     )
