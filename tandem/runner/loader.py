@@ -8,6 +8,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from tandem.runner.mlx_compat import guard_cuda_rope
+
 
 def compute_dtype(dtype: str) -> mx.Dtype | None:
     """The float type a ``--dtype`` computes in; None: as stored (``auto`` on a GPU)."""
@@ -20,6 +22,7 @@ def compute_dtype(dtype: str) -> mx.Dtype | None:
 
 
 def load_model(path: Path, dtype: str = "auto") -> tuple[nn.Module, dict[str, Any]]:
+    guard_cuda_rope()  # an MLX CUDA launch fault on small rotary widths (runner/mlx_compat.py)
     if path.is_file():
         from tandem.runner.gguf import load_gguf_model
 
