@@ -2,7 +2,7 @@
 (scatters twice, in-place writes twice, one sequence at a time), each compared with the first;
 then mlx-lm's ``generate_step`` twice (the control: does mlx-lm's own path repeat itself?).
 
-    python scripts/gpu_determinism.py [FAMILY]
+    python scripts/gpu_determinism.py [FAMILY]     # CACHE_LIMIT0=1: mx.set_cache_limit(0)
 
 The family model has 32-wide heads now (scripts/gpu_workload.py). On the H200 (fc32873,
 float32, TF32 off; the family model then, heads 16 wide) two engines with
@@ -29,6 +29,8 @@ from mlx_lm.generate import generate_step  # noqa: E402
 
 from tandem import LLM  # noqa: E402
 
+if os.environ.get("CACHE_LIMIT0"):  # MLX hands no freed buffer out again
+    mx.set_cache_limit(0)
 family = sys.argv[1] if len(sys.argv) > 1 else "gpt_oss"
 path = gpu_workload.family_model(Path(tempfile.mkdtemp()), family)
 prompts, params = gpu_workload.requests()
