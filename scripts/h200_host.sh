@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -70,5 +70,24 @@ for part in $parts; do
     timeout 400 python3 -m tandem.bench.http_overhead --model /tmp/m06/qwen3-0.6b \
       --concurrency 1,16,64,256 --output-len 64 --json "$out/http-0.6b.json" 2>&1 \
       | grep -v "^\[transformers\]" | tail -5 ;;
+  rope)
+    # MLX's CUDA rope fault and Tandem's guard (runner/mlx_compat.py): the sweep without and
+    # with it, and a partial-rotary stablelm against mlx-lm in unchunked multi-prompt steps.
+    (cd scripts && timeout 200 python3 gpu_partial_rope.py) 2>&1 | grep -v "^\[transformers\]" \
+      | tee "$out/partial-rope.txt" | tail -8 ;;
+  determinism)
+    # gpt_oss: Tandem's engines and mlx-lm twice, with MLX's buffer cache on and off.
+    for c in "" 1; do
+      (cd scripts && CACHE_LIMIT0=$c timeout 240 python3 gpu_determinism.py) 2>&1 \
+        | grep -v "^\[transformers\]" | tee "$out/determinism-cache0-${c:-0}.txt" | tail -11
+    done ;;
+  single)
+    # Where the single stream of the hybrid and of Gemma 3 loses (0.52x and 0.63x mlx-lm on
+    # an H100, 2026-12-05): phases and graph nodes, overlap on and off.
+    for s in qwen3.5-2b gemma3-1b; do
+      timeout 280 python3 -m tandem.bench.step_profile --shape $s --dtype bfloat16 --batch 1 \
+        --input-len 128 --steps 96 --json "$out/profile-single-$s.json" 2>&1 \
+        | grep -v "^\[transformers\]" | cut -c1-400
+    done ;;
   esac
 done
