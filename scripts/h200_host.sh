@@ -72,20 +72,21 @@ for part in $parts; do
       | grep -v "^\[transformers\]" | tail -5 ;;
   rope)
     # MLX's CUDA rope fault and Tandem's guard (runner/mlx_compat.py): the sweep without and
-    # with it, and a partial-rotary stablelm against mlx-lm in unchunked multi-prompt steps.
-    (cd scripts && timeout 200 python3 gpu_partial_rope.py) 2>&1 | grep -v "^\[transformers\]" \
+    # with it, and a partial-rotary gpt_neox against mlx-lm in unchunked multi-prompt steps.
+    (cd scripts && timeout 200 python3 -u gpu_partial_rope.py) 2>&1 | grep -v "^\[transformers\]" \
       | tee "$out/partial-rope.txt" | tail -8 ;;
   determinism)
     # gpt_oss: Tandem's engines and mlx-lm twice, with MLX's buffer cache on and off.
-    for c in "" 1; do
-      (cd scripts && CACHE_LIMIT0=$c timeout 240 python3 gpu_determinism.py) 2>&1 \
-        | grep -v "^\[transformers\]" | tee "$out/determinism-cache0-${c:-0}.txt" | tail -11
+    for c in on off; do
+      l=""; [ $c = off ] && l=1
+      (cd scripts && CACHE_LIMIT0=$l timeout 240 python3 -u gpu_determinism.py) 2>&1 \
+        | grep -v "^\[transformers\]" | tee "$out/determinism-cache-$c.txt" | tail -11
     done ;;
   single)
     # Where the single stream of the hybrid and of Gemma 3 loses (0.52x and 0.63x mlx-lm on
     # an H100, 2026-12-05): phases and graph nodes, overlap on and off.
     for s in qwen3.5-2b gemma3-1b; do
-      timeout 280 python3 -m tandem.bench.step_profile --shape $s --dtype bfloat16 --batch 1 \
+      timeout 280 python3 -u -m tandem.bench.step_profile --shape $s --dtype bfloat16 --batch 1 \
         --input-len 128 --steps 96 --json "$out/profile-single-$s.json" 2>&1 \
         | grep -v "^\[transformers\]" | cut -c1-400
     done ;;

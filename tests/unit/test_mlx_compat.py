@@ -1,5 +1,7 @@
-"""The CUDA rope guard (runner/mlx_compat.py): which shapes MLX 0.32's CUDA rope rejects, as
-measured on an H100, and the padded call's values, on the CPU."""
+"""The CUDA rope guard (runner/mlx_compat.py): which shapes MLX 0.32's CUDA rope rejects (the
+failures scripts/gpu_rope_hd16.py measured on an H200, and the partial-rotary sweep of
+scripts/gpu_partial_rope.py on an H100, 2026-12-05: docs/benchmarks/h200-host/), and the
+padded call's values, on the CPU."""
 
 import mlx.core as mx
 import numpy as np
@@ -41,11 +43,23 @@ def test_padding_makes_the_launch_valid(dims):
 
 
 @pytest.mark.parametrize("traditional", [False, True])
-@pytest.mark.parametrize(("shape", "dims"), [((130, 4, 1, 64), 16), ((40, 32, 1, 16), 8)])
-def test_padded_rope_equals_rope(shape, dims, traditional):
+@pytest.mark.parametrize("offset", ["array", "int"])
+@pytest.mark.parametrize("freqs", [False, True])
+@pytest.mark.parametrize(
+    ("shape", "dims"),
+    [((130, 4, 1, 64), 16), ((40, 32, 1, 16), 8), ((200, 1, 20), 20), ((64, 2, 3, 1, 32), 4)],
+)
+def test_padded_rope_equals_rope(shape, dims, traditional, offset, freqs):
+    assert mlx_compat.invalid_launch(shape, dims)
     x = mx.random.normal(shape, key=mx.random.key(0))
-    offset = mx.arange(shape[0]) * 3 + 5
-    kw = {"traditional": traditional, "base": 1e4, "scale": 1.0, "offset": offset}
+    kw = {
+        "traditional": traditional,
+        "base": None if freqs else 1e4,
+        "scale": 0.5,
+        "offset": mx.arange(shape[0]) * 3 + 5 if offset == "array" else 7,
+    }
+    if freqs:
+        kw["freqs"] = mx.exp(mx.arange(dims // 2) * 0.3)
     want = mx.fast.rope(x, dims, **kw)
     got = mlx_compat.padded_rope(x, dims, **kw)
     assert got.shape == want.shape
@@ -67,4 +81,6 @@ def test_guard_routes_only_rejected_calls():
     finally:
         mlx_compat.padded_rope = orig
         mlx_compat.unguard_rope()
-    assert not mlx_compat.guard_cuda_rope()  # the CPU: not installed
+    assert mx.fast.rope is mlx_compat._MLX_ROPE
+    if not mx.cuda.is_available():
+        assert not mlx_compat.guard_cuda_rope()  # the CPU: not installed
