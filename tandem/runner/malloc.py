@@ -2,16 +2,18 @@
 
 MLX's CPU backend computes on a stream thread of its own, so its temporaries come from one
 of glibc's thread arenas, and its buffer cache (32 MiB on the CPU) keeps few of them: most
-are freed back to the arena at once. A thread arena trims its heap's top whenever more
-than ``M_TOP_PAD`` (0 by default) is free there, and the next step touches those pages
-again, each a page fault: a decode step's sizes change every step (one key more), so the
-same memory went back and forth all the time. On the 2-core CPU machine, tiny llama,
-16 rows at 256-512 positions, a decode step took 3.5 ms with the default and 2.4 ms with a
-32 or 64 MiB pad (``docs/benchmarks.md``, "Host memory").
+are freed back to the arena at once. glibc trims a heap's free top beyond
+``M_TRIM_THRESHOLD``, keeping ``M_TOP_PAD`` (0 by default), and the next step touches those
+pages again, each a page fault: a decode step's sizes change every step (one key more), so
+the same memory went back and forth all the time. On the 2-core CPU machine, tiny llama,
+16 rows at 256-512 positions, overlap off, a decode step took 3.27 ms (median of 3) with
+glibc's defaults and 2.41 ms with this (``docs/benchmarks.md``, "Host memory").
 
 ``tune_malloc`` sets a 64 MiB top pad (the size of one thread-arena heap), so a heap stays
-at the size its steps need. It must not run where the user set glibc's own
-``MALLOC_TOP_PAD_``; ``TANDEM_NO_MALLOC_TUNING=1`` turns it off. Must not import mlx.
+at the size its steps need, and the mmap threshold at 32 MiB (setting either turns glibc's
+dynamic threshold off, which would otherwise leave it at 128 KiB). It keeps clear of the
+user's own glibc malloc settings (``MALLOC_*_`` or ``GLIBC_TUNABLES``);
+``TANDEM_NO_MALLOC_TUNING=1`` turns it off. Must not import mlx.
 """
 
 from __future__ import annotations
@@ -24,31 +26,47 @@ import sys
 
 log = logging.getLogger("tandem")
 
-M_TOP_PAD = -2  # glibc's mallopt parameter (malloc.h)
+M_TOP_PAD = -2  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
 TOP_PAD = 64 << 20
+# Setting any of these turns glibc's dynamic mmap threshold off (it would otherwise rise to
+# the size of each mmapped block freed, up to 32 MiB), leaving it at 128 KiB: every larger
+# buffer MLX's cache misses would be mapped and unmapped each time. So it is set to that
+# maximum at once.
+MMAP_THRESHOLD = 32 << 20
 OPT_OUT_ENV = "TANDEM_NO_MALLOC_TUNING"
 
 _done: bool | None = None
 
 
+def _users_own() -> bool:
+    """Whether the user set glibc's own malloc parameters (environment or tunables)."""
+    if any(f"MALLOC_{k}_" in os.environ for k in ("TOP_PAD", "MMAP_THRESHOLD", "TRIM_THRESHOLD")):
+        return True
+    return "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+
+
 def tune_malloc() -> bool:
-    """Set glibc's top pad once; returns whether it is set (False off glibc, when opted
-    out, or when ``MALLOC_TOP_PAD_`` is the user's)."""
+    """Set glibc's mmap threshold and top pad once; returns whether they are set (False
+    off glibc, when opted out, or where the user set glibc's malloc parameters)."""
     global _done
     if _done is not None:
         return _done
     _done = False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
-    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0") or "MALLOC_TOP_PAD_" in os.environ:
+    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0") or _users_own():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    _done = bool(mallopt(M_TOP_PAD, TOP_PAD))
+    _done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TOP_PAD, TOP_PAD))
     if _done:
         log.info(
-            "glibc malloc: top pad %d MiB (freed heap memory kept for the next step)", TOP_PAD >> 20
+            "glibc malloc: top pad %d MiB, mmap threshold %d MiB (freed heap memory kept "
+            "for the next step)",
+            TOP_PAD >> 20,
+            MMAP_THRESHOLD >> 20,
         )
     return _done

@@ -35,7 +35,12 @@ def test_set_on_glibc_once(fresh):
     fresh.setattr(malloc.ctypes, "CDLL", Libc)
     assert malloc.tune_malloc() is True
     assert malloc.tune_malloc() is True
-    assert calls == [(malloc.M_TOP_PAD, malloc.TOP_PAD)]
+    assert calls == [
+        (malloc.M_MMAP_THRESHOLD, malloc.MMAP_THRESHOLD),
+        (malloc.M_TOP_PAD, malloc.TOP_PAD),
+    ]
+    # glibc's own numbers (malloc.h); mallopt accepts unknown ones, so check them here
+    assert (malloc.M_TOP_PAD, malloc.M_MMAP_THRESHOLD) == (-2, -3)
 
 
 @pytest.mark.parametrize(
@@ -44,4 +49,25 @@ def test_set_on_glibc_once(fresh):
 def test_not_set_over_the_user(fresh, var, value):
     fresh.setenv(var, value)
     fresh.setattr(malloc.ctypes, "CDLL", lambda name: pytest.fail("mallopt called"))
+    assert malloc.tune_malloc() is False
+
+
+def test_not_on_other_libcs(fresh):
+    fresh.setattr(malloc.platform, "libc_ver", lambda: ("", ""))
+    fresh.setattr(malloc.ctypes, "CDLL", lambda name: pytest.fail("mallopt called"))
+    assert malloc.tune_malloc() is False
+
+
+@pytest.mark.skipif(not glibc, reason="glibc only")
+def test_zero_is_not_an_opt_out_and_a_refusal_is_reported(fresh):
+    fresh.setenv(malloc.OPT_OUT_ENV, "0")
+
+    class Refuses:
+        def __init__(self, name):
+            pass
+
+        def mallopt(self, param, value):
+            return 0
+
+    fresh.setattr(malloc.ctypes, "CDLL", Refuses)
     assert malloc.tune_malloc() is False
