@@ -98,7 +98,7 @@ def draft(
         if n <= 0:
             continue
         room -= n
-        tokens = tuple(req.token_ids()[start : start + n])
+        tokens = tuple(req.token_slice(start, start + n))
         q = DraftQuery(rid, start, tokens, tuple(req.pages), k)
         (now if k and on_host(req) else lazy).append(q)
     out: dict[str, list[int]] = {}

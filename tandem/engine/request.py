@@ -87,7 +87,21 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def token_ids(self) -> list[int]:
+        """The whole history, copied: O(length). A step's per-row work takes ``token_at``
+        or ``token_slice`` instead."""
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, pos: int) -> int:
+        """Token ``pos`` (0 <= pos < num_tokens) of prompt + output, without a copy."""
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + output (clipped to what there is), copying only
+        those."""
+        n = len(self.prompt_token_ids)
+        head = self.prompt_token_ids[start:end] if start < n else []
+        return head + self.output_token_ids[max(start - n, 0) : max(end - n, 0)]
 
     @property
     def last_token(self) -> int:

@@ -240,7 +240,7 @@ class Scheduler:
             proposal = proposals.get(req.request_id, [])
             n = 1 + len(proposal)
             speculation.fit_slots(kv, req, n)  # (its draft may have come back shorter)
-            tokens = () if prow >= 0 else (req.token_ids()[pos], *proposal)
+            tokens = () if prow >= 0 else (req.token_at(pos), *proposal)
             segments.append(
                 Segment(
                     req.request_id,
