@@ -60,7 +60,7 @@ for dtype in (mx.bfloat16, mx.float32):
     r = sweep(dtype)
     print(dtype, "MLX's rope, failed (head dim, rotated dims, heads, tokens):", r["failed"])
     print(dtype, "failed unpredicted:", r["unpredicted"], "predicted but passed:", r["passed"])
-print("guard installed:", mlx_compat.guard_cuda_rope())
+print("guard installed (forced on the CPU):", mlx_compat.guard_cuda_rope(force=True))
 print("with the guard, failed:", sweep(mx.float32)["failed"])
 
 # The model's rope calls in its steps: how many had a shape the predicate flags.
@@ -84,7 +84,9 @@ for name, guard, opts in (
     ("chunked-64, guarded", True, {"max_num_batched_tokens": 64}),
 ):
     llm = LLM(str(path), max_num_seqs=12, compile_decode=0, **opts)
-    if not guard:
+    if guard:
+        mlx_compat.guard_cuda_rope(force=True)  # (load_model installs it on CUDA only)
+    else:
         mlx_compat.unguard_rope()
     inner = mx.fast.rope
     flagged[:] = [0, 0]
@@ -95,12 +97,14 @@ for name, guard, opts in (
         return _inner(a, dims, **kw)
 
     mx.fast.rope = counting
-    outs = llm.generate(prompts, params)
+    try:
+        outs = llm.generate(prompts, params)
+    finally:
+        mx.fast.rope = inner
     failed = sum(o.finish_reason == "error" for o in outs)
     differ = sum(o.token_ids != r for o, r in zip(outs, refs, strict=True))
     print(
         f"gpt_neox rotary 16 of 64, {name}: failed {failed}, differ {differ} of 12; "
         f"rope calls {flagged[0]}, of a shape MLX rejects {flagged[1]}"
     )
-    mx.fast.rope = inner
     del llm

@@ -74,7 +74,7 @@ for part in $parts; do
     # MLX's CUDA rope fault and Tandem's guard (runner/mlx_compat.py): the sweep without and
     # with it, and a partial-rotary gpt_neox against mlx-lm in unchunked multi-prompt steps.
     (cd scripts && timeout 200 python3 -u gpu_partial_rope.py) 2>&1 | grep -v "^\[transformers\]" \
-      | tee "$out/partial-rope.txt" | tail -8 ;;
+      | tee "$out/partial-rope.txt" | tail -12 ;;
   determinism)
     # gpt_oss: Tandem's engines and mlx-lm twice, with MLX's buffer cache on and off.
     for c in on off; do

@@ -97,8 +97,8 @@ class Request:
         return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
 
     def token_slice(self, start: int, end: int) -> list[int]:
-        """Tokens ``[start, end)`` of prompt + output (clipped to what there is), copying only
-        those."""
+        """Tokens ``[start, end)`` of prompt + output (0 <= start; clipped to what there is),
+        copying only those."""
         n = len(self.prompt_token_ids)
         head = self.prompt_token_ids[start:end] if start < n else []
         return head + self.output_token_ids[max(start - n, 0) : max(end - n, 0)]

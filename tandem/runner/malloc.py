@@ -6,11 +6,13 @@ are freed back to the arena at once. glibc trims a heap's free top beyond
 ``M_TRIM_THRESHOLD``, keeping ``M_TOP_PAD`` (0 by default), and the next step touches those
 pages again, each a page fault: a decode step's sizes change every step (one key more), so
 the same memory went back and forth all the time. On the 2-core CPU machine, tiny llama,
-16 rows at 256-512 positions, overlap off, a decode step took 3.27 ms (median of 3) with
-glibc's defaults and 2.41 ms with this (``docs/benchmarks.md``, "Host memory").
+16 rows at 256-512 positions, a decode step took 3.24 ms (median of 3) with glibc's
+defaults and 2.39 ms with this with overlap off, 2.79 and 2.48 ms with it on
+(``docs/benchmarks.md``, "Host memory").
 
-``tune_malloc`` sets a 64 MiB top pad (the size of one thread-arena heap), so a heap stays
-at the size its steps need, and the mmap threshold at 32 MiB (setting either turns glibc's
+``tune_malloc`` sets a 32 MiB top pad (half a thread-arena heap: a heap keeps that much
+free at its top, and heaps beyond it can still be given back; 64, the whole heap, would keep
+every arena at its peak for good), and the mmap threshold at 32 MiB (setting either turns glibc's
 dynamic threshold off, which would otherwise leave it at 128 KiB). It keeps clear of the
 user's own glibc malloc settings (``MALLOC_*_`` or ``GLIBC_TUNABLES``);
 ``TANDEM_NO_MALLOC_TUNING=1`` turns it off. Must not import mlx.
@@ -28,7 +30,7 @@ log = logging.getLogger("tandem")
 
 M_TOP_PAD = -2  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
-TOP_PAD = 64 << 20
+TOP_PAD = 32 << 20
 # Setting any of these turns glibc's dynamic mmap threshold off (it would otherwise rise to
 # the size of each mmapped block freed, up to 32 MiB), leaving it at 128 KiB: every larger
 # buffer MLX's cache misses would be mapped and unmapped each time. So it is set to that
@@ -39,11 +41,15 @@ OPT_OUT_ENV = "TANDEM_NO_MALLOC_TUNING"
 _done: bool | None = None
 
 
+_PARAMS = ("top_pad", "mmap_threshold", "trim_threshold")
+
+
 def _users_own() -> bool:
-    """Whether the user set glibc's own malloc parameters (environment or tunables)."""
-    if any(f"MALLOC_{k}_" in os.environ for k in ("TOP_PAD", "MMAP_THRESHOLD", "TRIM_THRESHOLD")):
+    """Whether the user set one of these glibc malloc parameters (environment or tunables)."""
+    if any(f"MALLOC_{k.upper()}_" in os.environ for k in _PARAMS):
         return True
-    return "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(f"glibc.malloc.{k}" in tunables for k in _PARAMS)
 
 
 def tune_malloc() -> bool:
@@ -55,7 +61,10 @@ def tune_malloc() -> bool:
     _done = False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
-    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0") or _users_own():
+    if os.environ.get(OPT_OUT_ENV, "") not in ("", "0"):
+        return False
+    if _users_own():
+        log.info("glibc malloc: the environment sets its parameters; Tandem leaves them")
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

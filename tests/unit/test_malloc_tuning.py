@@ -15,7 +15,9 @@ glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 def fresh(monkeypatch):
     monkeypatch.setattr(malloc, "_done", None)
     monkeypatch.delenv(malloc.OPT_OUT_ENV, raising=False)
-    monkeypatch.delenv("MALLOC_TOP_PAD_", raising=False)
+    for var in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # not one of ours
     return monkeypatch
 
 

@@ -69,6 +69,7 @@ def test_padded_rope_equals_rope(shape, dims, traditional, offset, freqs):
 def test_guard_routes_only_rejected_calls():
     calls = []
     orig = mlx_compat.padded_rope
+    before = mx.fast.rope  # (the guard, where a CUDA model was loaded earlier)
     try:
         mlx_compat.padded_rope = lambda a, dims, **kw: calls.append(a.shape) or orig(a, dims, **kw)
         assert mlx_compat.guard_cuda_rope(force=True)
@@ -78,9 +79,10 @@ def test_guard_routes_only_rejected_calls():
         assert calls == []
         y = mx.fast.rope(mx.ones((256, 4, 1, 64)), 16, **kw)
         assert calls == [(256, 4, 1, 64)] and y.shape == (256, 4, 1, 64)
+        mlx_compat.unguard_rope()
+        assert mx.fast.rope is mlx_compat._MLX_ROPE
+        if not mx.cuda.is_available():
+            assert not mlx_compat.guard_cuda_rope()  # the CPU: not installed
     finally:
         mlx_compat.padded_rope = orig
-        mlx_compat.unguard_rope()
-    assert mx.fast.rope is mlx_compat._MLX_ROPE
-    if not mx.cuda.is_available():
-        assert not mlx_compat.guard_cuda_rope()  # the CPU: not installed
+        mx.fast.rope = before
