@@ -25,7 +25,6 @@ import tandem.runner  # noqa: F401, E402  (preloads BLAS before mlx)
 import gpu_workload  # noqa: E402 - scripts/, beside this file
 import mlx.core as mx  # noqa: E402
 from mlx_lm import load  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 
 from tandem import LLM  # noqa: E402
 
@@ -55,14 +54,7 @@ for name, got in outs.items():
         sum(a != b for a, b in zip(outs["scatter1"], got, strict=True)),
     )
 model = load(str(path))[0]
-ref = []
-for _run in range(2):
-    ref.append(
-        [
-            [int(t) for t, _ in generate_step(mx.array(p), model, max_tokens=sp.max_tokens)]
-            for p, sp in zip(prompts, params, strict=True)
-        ]
-    )
+ref = [gpu_workload.mlx_lm_greedy(model, prompts, params) for _ in range(2)]
 print(
     family,
     "mlx-lm run 2: outputs differing from mlx-lm run 1:",

@@ -24,7 +24,6 @@ import tandem.runner  # noqa: F401, E402  (preloads BLAS before mlx)
 import gpu_workload  # noqa: E402 - scripts/, beside this file
 import mlx.core as mx  # noqa: E402
 from mlx_lm import load  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
 
 from tandem import LLM  # noqa: E402
 from tandem.runner import mlx_compat  # noqa: E402
@@ -73,11 +72,7 @@ path = model_zoo.make_zoo_model(Path(tempfile.mkdtemp()) / "gpt_neox", "gpt_neox
 rng = random.Random(1)
 params = gpu_workload.requests()[1]
 prompts = [[rng.randrange(5, 500) for _ in range(rng.randrange(43, 343))] for _ in params]
-model = load(str(path))[0]
-refs = []
-for p, sp in zip(prompts, params, strict=True):
-    gen = generate_step(mx.array(p), model, max_tokens=sp.max_tokens)
-    refs.append([int(t) for t, _ in gen])
+refs = gpu_workload.mlx_lm_greedy(load(str(path))[0], prompts, params)
 for name, guard, opts in (
     ("unchunked, MLX's rope", False, {"max_num_batched_tokens": 8192}),
     ("unchunked, guarded", True, {"max_num_batched_tokens": 8192}),
@@ -93,7 +88,7 @@ for name, guard, opts in (
 
     def counting(a, dims, _inner=inner, **kw):
         flagged[0] += 1
-        flagged[1] += mlx_compat.invalid_launch(tuple(a.shape), dims)
+        flagged[1] += mlx_compat.invalid_launch(a.shape, dims)
         return _inner(a, dims, **kw)
 
     mx.fast.rope = counting

@@ -39,3 +39,14 @@ def requests(n: int = 12, seed: int = 0) -> tuple[list[list[int]], list[Sampling
         for _ in prompts
     ]
     return prompts, params
+
+
+def mlx_lm_greedy(model, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    """mlx-lm's ``generate_step`` on each prompt, one at a time: the reference outputs."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    return [
+        [int(t) for t, _ in generate_step(mx.array(p), model, max_tokens=sp.max_tokens)]
+        for p, sp in zip(prompts, params, strict=True)
+    ]

@@ -61,7 +61,7 @@ def padded_rope(a: mx.array, dims: int, **kwargs) -> mx.array:
 
 @functools.wraps(_MLX_ROPE)
 def _guarded_rope(a: mx.array, dims: int, **kwargs) -> mx.array:
-    if dims < 32 and invalid_launch(tuple(a.shape), dims):
+    if invalid_launch(a.shape, dims):  # (its first test, dims >= 32, passes most calls)
         return padded_rope(a, dims, **kwargs)
     return _MLX_ROPE(a, dims, **kwargs)
 
