@@ -13,6 +13,7 @@
 #   batch_generate in one process) for each of SHAPES.
 # PART=hybrid: the batched (B, n) calls of hybrids: bf16 load check, equal prompts' prefill,
 #   speculation at 4 streams (oracle proposals right with P = 1 and 0.5).
+# PART=oss: the gpt-oss-20b shape (42 GB in bf16), offline B = 1, 16, 64 (one repeat).
 # PART=serve: `tandem bench compare` vs mlx_lm.server for SERVE_SHAPE: random 256 in / 128
 #   out at 1, 16, 64 streams, then multi-turn conversations (4 turns, TTFT and cached share
 #   per turn).
@@ -46,6 +47,17 @@ print('batch_sequences', r.batch_sequences, 'own_recurrence', r.own_recurrence)"
       --streams 4 --num-tokens 4 --prompt-tokens 256 --max-tokens 64 --repeats 1 \
       --dtype bfloat16 --oracle $P --json "$OUT/hybrid-spec-oracle$P.json" 2>&1 | grep "^|"
   done
+fi
+if [[ $PART == oss ]]; then
+  m=/tmp/m20/gpt-oss-20b
+  [ -f $m/config.json ] || "$PY" -c "
+import time; from pathlib import Path; from tandem.bench.offline import make_model
+t = time.perf_counter(); make_model('gpt-oss-20b', 'bfloat16', Path('/tmp/m20'))
+print(f'built gpt-oss-20b in {time.perf_counter() - t:.0f} s')"
+  timeout ${OSS_TIMEOUT:-480} "$PY" -m tandem.cli bench offline --model $m --dtype bfloat16 \
+    --batch-sizes "${OSS_BATCHES:-16,64}" --input-len 256 --output-len 128 --single-tokens 128 \
+    --repeats 1 --overlap-batch 0 --json "$OUT/offline-gpt-oss-20b.json" 2>&1 \
+    | grep -v "^\[transformers\]" | tail -12
 fi
 if [[ $PART == serve ]]; then
   shape=${SERVE_SHAPE:-qwen3.5-2b}

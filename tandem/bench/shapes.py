@@ -17,6 +17,8 @@ RANDOM_SHAPES = (
     "gemma3-1b",
     "gemma3-tiny",
     "nemotron-h-tiny",
+    "gpt-oss-20b",
+    "gpt-oss-tiny",
 )
 
 # Real small shapes of the model families (random weights): a Qwen3.5 hybrid (Gated DeltaNet
@@ -69,6 +71,48 @@ FAMILY_SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
+
+# gpt-oss-20b's shape: 24 layers alternating windows of 128 and full attention, attention
+# sinks, 32 experts (4 a token) of width 2880, YaRN rope. In bf16 (the real checkpoint keeps
+# its experts in MXFP4) it is 42 GB: it fits one 80 GB card, not this machine.
+FAMILY_SHAPES["gpt-oss-20b"] = {
+    "model_type": "gpt_oss",
+    "num_hidden_layers": 24,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "rms_norm_eps": 1e-5,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+}
+FAMILY_SHAPES["gpt-oss-tiny"] = {
+    **FAMILY_SHAPES["gpt-oss-20b"],
+    "num_hidden_layers": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "hidden_size": 256,
+    "intermediate_size": 256,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+}
 
 # Gemma 3's layer pattern and window at a size the 2-core CPU measures (12 layers, 2 global).
 FAMILY_SHAPES["gemma3-tiny"] = {
