@@ -99,6 +99,7 @@ def gather_attention(
     (T, H, 1, D). Without the kernel this is the pure-MLX path, and the oracle of every
     kernel."""
     hkv = keys.shape[1]
+    float_pool = isinstance(pool, mx.array) and pool.shape[1] == 2 * hkv
     outs = []
     for g in view.decodes:
         q = g.queries(queries)  # (B, H, 1, D)
@@ -109,10 +110,13 @@ def gather_attention(
                 )
             )
             continue
-        x = kv_quant.take_pages(pool, g.tables, g.page, g.longest, token)  # (B, L, 2 Hkv, D)
-        # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
-        k = mx.contiguous(x[:, :, :hkv].transpose(0, 2, 1, 3))  # (B, Hkv, L, D)
-        v = mx.contiguous(x[:, :, hkv:].transpose(0, 2, 1, 3))
+        if float_pool:  # (B, Hkv, L, D) each
+            k, v = kv_quant.take_heads(pool, g.head_rows(hkv), hkv, token)
+        else:
+            x = kv_quant.take_pages(pool, g.tables, g.page, g.longest, token)  # (B, L, 2 Hkv, D)
+            # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
+            k = mx.contiguous(x[:, :, :hkv].transpose(0, 2, 1, 3))
+            v = mx.contiguous(x[:, :, hkv:].transpose(0, 2, 1, 3))
         outs.append(
             mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask, sinks=sinks)
         )
@@ -124,11 +128,14 @@ def gather_attention(
                 keys[c.first : c.first + c.n, :, 0, :],
                 values[c.first : c.first + c.n, :, 0, :],
             )
+            k, v = mx.contiguous(k.transpose(1, 0, 2)), mx.contiguous(v.transpose(1, 0, 2))
+        elif float_pool:  # (Hkv, L, D) each
+            k, v = kv_quant.take_heads(pool, c.head_rows(hkv), hkv, token)
         else:
             x = kv_quant.take(pool, c.slots, token)  # (L, 2 Hkv, D)
-            k, v = x[:, :hkv], x[:, hkv:]
-        k = mx.contiguous(k.transpose(1, 0, 2)[None])
-        v = mx.contiguous(v.transpose(1, 0, 2)[None])
+            k = mx.contiguous(x[:, :hkv].transpose(1, 0, 2))
+            v = mx.contiguous(x[:, hkv:].transpose(1, 0, 2))
+        k, v = k[None], v[None]
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=c.mask, sinks=sinks)
         outs.append(o[0].transpose(1, 0, 2)[:, :, None, :])  # (n, H, 1, D)
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)

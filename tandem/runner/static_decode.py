@@ -41,7 +41,7 @@ import numpy as np
 
 from tandem.engine.plan import Segment
 from tandem.runner import kernels
-from tandem.runner.step_context import AttnView, first_key, slot
+from tandem.runner.step_context import AttnView, first_key, slot, table_head_rows
 
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
@@ -84,6 +84,12 @@ class _Group:
         self.starts = starts  # a window's (or chunk's) first key in each row's table
         self.longest = tables.shape[1] * page
         self._mask: mx.array | None = None
+        self._rows: dict[int, mx.array] = {}
+
+    def head_rows(self, hkv: int) -> mx.array:
+        if hkv not in self._rows:
+            self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
+        return self._rows[hkv]
 
     @property
     def mask(self) -> mx.array:

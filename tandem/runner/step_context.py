@@ -15,13 +15,13 @@ its recurrence runs along the segment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
 from tandem.engine.plan import Segment
-from tandem.runner import kernels
+from tandem.runner import kernels, kv_quant
 
 MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
 
@@ -38,6 +38,13 @@ def first_key(pos, span: int | None):
     if isinstance(pos, np.ndarray):
         return np.maximum(0, pos - span + 1)
     return max(0, pos - span + 1)  # (per decode row each step: no numpy scalar)
+
+
+def table_head_rows(tables: mx.array, page: int, longest: int, hkv: int) -> mx.array:
+    """(B, Hkv, longest): the first ``longest`` positions of each row's page ``tables``
+    (B, pages) in a float pool, head by head (``kv_quant.head_rows``)."""
+    cols = tables[:, :, None] * page + mx.arange(page, dtype=mx.int32)
+    return kv_quant.head_rows(cols.reshape(tables.shape[0], -1)[:, :longest], hkv)
 
 
 class DecodeGroup:
@@ -65,7 +72,15 @@ class DecodeGroup:
         self.uniform = min(lengths) == self.longest and self.starts is None
         self.page = page
         self._mask: mx.array | None = None
+        self._rows: dict[int, mx.array] = {}
         self.work = kernels.DecodeWork(lengths, tables.shape[1]) if kernel else None
+
+    def head_rows(self, hkv: int) -> mx.array:
+        """(B, Hkv, longest): each row's gathered keys in a float pool, head by head
+        (``kv_quant.head_rows``), built once a step for all layers."""
+        if hkv not in self._rows:
+            self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
+        return self._rows[hkv]
 
     @property
     def mask(self) -> mx.array | None:
@@ -96,6 +111,14 @@ class ChunkItem:
     n: int
     slots: mx.array | None
     mask: mx.array | str = "causal"
+    _rows: dict[int, mx.array] = field(default_factory=dict)
+
+    def head_rows(self, hkv: int) -> mx.array:
+        """(Hkv, L): ``slots`` in a float pool, head by head (``kv_quant.head_rows``)."""
+        assert self.slots is not None
+        if hkv not in self._rows:
+            self._rows[hkv] = kv_quant.head_rows(self.slots, hkv)
+        return self._rows[hkv]
 
 
 def group_decodes(lengths: list[int]) -> list[list[int]]:
