@@ -111,7 +111,7 @@ def gather_attention(
             )
             continue
         if float_pool:  # (B, Hkv, L, D) each
-            k, v = kv_quant.take_heads(pool, g.head_rows(hkv), hkv, token)
+            k, v = kv_quant.take_heads(pool, g.head_rows(hkv), token)
         else:
             x = kv_quant.take_pages(pool, g.tables, g.page, g.longest, token)  # (B, L, 2 Hkv, D)
             # MLX's CPU SDPA is ~3x slower on strided K/V than on contiguous copies of them.
@@ -130,7 +130,7 @@ def gather_attention(
             )
             k, v = mx.contiguous(k.transpose(1, 0, 2)), mx.contiguous(v.transpose(1, 0, 2))
         elif float_pool:  # (Hkv, L, D) each
-            k, v = kv_quant.take_heads(pool, c.head_rows(hkv), hkv, token)
+            k, v = kv_quant.take_heads(pool, c.head_rows(hkv), token)
         else:
             x = kv_quant.take(pool, c.slots, token)  # (L, 2 Hkv, D)
             k = mx.contiguous(x[:, :hkv].transpose(1, 0, 2))

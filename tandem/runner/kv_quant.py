@@ -125,20 +125,21 @@ def take_pages(
 
 
 def head_rows(slots: mx.array, hkv: int) -> mx.array:
-    """The rows of a float pool seen as (slots x 2 Hkv, D) that hold the keys at ``slots``
-    (..., L), head by head: (..., Hkv, L). The values' rows are these + Hkv."""
-    return slots[..., None, :] * (2 * hkv) + mx.arange(hkv, dtype=mx.int32)[:, None]
+    """The rows of a float pool seen as (slots x 2 Hkv, D) that hold the keys (``[0]``) and
+    the values (``[1]``) at ``slots`` (..., L), head by head: (2, ..., Hkv, L)."""
+    keys = slots[..., None, :] * (2 * hkv) + mx.arange(hkv, dtype=mx.int32)[:, None]
+    return mx.stack([keys, keys + hkv])
 
 
 def take_heads(
-    buf: mx.array, rows: mx.array, hkv: int, token: mx.array | None = None
+    buf: mx.array, rows: mx.array, token: mx.array | None = None
 ) -> tuple[mx.array, mx.array]:
-    """Keys and values of a float pool (slots, 2 Hkv, D) at ``rows`` (``head_rows``), each
-    gathered straight into the (..., Hkv, L, D) layout SDPA reads: on MLX's CPU a gather of
-    whole positions and then a contiguous copy of each half's transpose took 1.6x as long
-    (SmolLM2's shape, 64 rows of 256 keys)."""
-    flat = buf.reshape(-1, buf.shape[-1])
-    return _rows(flat, rows, token), _rows(flat, rows + hkv, token)
+    """Keys and values of a float pool (slots, 2 Hkv, D) at ``rows`` (``head_rows``), both in
+    one gather straight into the (..., Hkv, L, D) layout SDPA reads. On MLX's CPU, gathering
+    whole positions and then copying each half's transpose contiguous made a layer's gather
+    and SDPA 1.37x slower (SmolLM2's shape, 64 rows of 256 keys; scripts/cpu_gather_probe.py)."""
+    x = _rows(buf.reshape(-1, buf.shape[-1]), rows, token)
+    return x[0], x[1]
 
 
 def roundtrip(buf: Buffer, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:

@@ -41,8 +41,8 @@ def first_key(pos, span: int | None):
 
 
 def table_head_rows(tables: mx.array, page: int, longest: int, hkv: int) -> mx.array:
-    """(B, Hkv, longest): the first ``longest`` positions of each row's page ``tables``
-    (B, pages) in a float pool, head by head (``kv_quant.head_rows``)."""
+    """(2, B, Hkv, longest): the first ``longest`` positions of each row's page ``tables``
+    (B, pages) in a float pool, keys and values head by head (``kv_quant.head_rows``)."""
     cols = tables[:, :, None] * page + mx.arange(page, dtype=mx.int32)
     return kv_quant.head_rows(cols.reshape(tables.shape[0], -1)[:, :longest], hkv)
 
@@ -76,8 +76,8 @@ class DecodeGroup:
         self.work = kernels.DecodeWork(lengths, tables.shape[1]) if kernel else None
 
     def head_rows(self, hkv: int) -> mx.array:
-        """(B, Hkv, longest): each row's gathered keys in a float pool, head by head
-        (``kv_quant.head_rows``), built once a step for all layers."""
+        """(2, B, Hkv, longest): each row's gathered keys and values in a float pool, head
+        by head (``kv_quant.head_rows``), built once a step for all layers."""
         if hkv not in self._rows:
             self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
         return self._rows[hkv]
@@ -111,10 +111,10 @@ class ChunkItem:
     n: int
     slots: mx.array | None
     mask: mx.array | str = "causal"
-    _rows: dict[int, mx.array] = field(default_factory=dict)
+    _rows: dict[int, mx.array] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def head_rows(self, hkv: int) -> mx.array:
-        """(Hkv, L): ``slots`` in a float pool, head by head (``kv_quant.head_rows``)."""
+        """(2, Hkv, L): ``slots`` in a float pool, head by head (``kv_quant.head_rows``)."""
         assert self.slots is not None
         if hkv not in self._rows:
             self._rows[hkv] = kv_quant.head_rows(self.slots, hkv)

@@ -242,3 +242,15 @@ def test_no_side_outlives_its_measurement(interleave, fail) -> None:
     assert all(r() is None for r in alive.values())
     if not interleave:
         assert at_load == [[], []]
+
+
+def test_single_stream_interleaves_on_a_gpu_only_where_three_copies_fit(tmp_path, monkeypatch):
+    import mlx.core as mx
+
+    from tandem.bench import offline
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    for total, fits in ((12_000, True), (11_999, False), (None, False)):
+        info = {"architecture": "x"} if total is None else {"memory_size": total}
+        monkeypatch.setattr(mx, "device_info", lambda info=info: info)
+        assert offline._fits_thrice(tmp_path) is fits
