@@ -42,7 +42,7 @@ from tandem.runner.sampler import (
     token_logprobs,
 )
 from tandem.runner.state import StatePool
-from tandem.runner.static_decode import GPU_ROWS, StaticDecode
+from tandem.runner.static_decode import StaticDecode, default_rows
 from tandem.runner.step_context import StepContext
 
 log = logging.getLogger("tandem")
@@ -92,7 +92,7 @@ class ModelRunner:
         ``inplace_writes``: KV writes by a kernel into the one buffer set (runner/kv_write.py;
         None: where the kernels exist and pass their check: CUDA, one set). ``compile_decode``:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
-        (runner/static_decode.py; None: ``GPU_ROWS`` with in-place writes, else none).
+        (runner/static_decode.py; None: ``static_decode.default_rows``).
         ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj)."""
         layout = check_supported(model, model_type)
         self.model = model
@@ -215,8 +215,8 @@ class ModelRunner:
                 self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool
                 verify.against_mlx_lm(self, self.model_type)
-            if self.compile_decode is None:  # measured with in-place writes only
-                self.compile_decode = GPU_ROWS if self.pool.inplace else 0
+            if self.compile_decode is None:
+                self.compile_decode = default_rows(self.pool.inplace)
             if self.compile_decode and StaticDecode.eligible(self):
                 self.static = StaticDecode(self)
                 log.info("compiled decode steps of up to %d rows", self.compile_decode)

@@ -74,6 +74,8 @@ class PagePool:
         self._step = [None, None]
         self._lag: list[tuple[mx.array, dict[int, list[mx.array]]] | None] = [None, None]
         self._keep: list[mx.array | None] = [None, None]
+        # The slots of the previous step's writes this step replays (without its own).
+        self._lag_slots: list[mx.array | None] = [None, None]
         self.reset()
 
     @property
@@ -88,6 +90,7 @@ class PagePool:
         old buffers are released first, so the new ones fit where they were."""
         self.sets = []
         self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
+        self._lag_slots = [None, None]
         self.tokens = [None] * len(self.specs)
         gc.collect()
         mx.clear_cache()
@@ -124,7 +127,7 @@ class PagePool:
             return
         self.current ^= 1
         for g, (slots, device_slots) in enumerate(group_slots):
-            lag, self._lag[g] = self._step[g], None
+            lag, self._lag[g], self._lag_slots[g] = self._step[g], None, None
             self._step[g] = (slots, device_slots, {})
             self._keep[g] = None
             if lag is not None:
@@ -135,6 +138,52 @@ class PagePool:
                     self._keep[g] = keep
                     lag_dev = lag_dev[keep]
                 self._lag[g] = (mx.concatenate([lag_dev, device_slots]), lag_vals)
+                self._lag_slots[g] = lag_dev
+
+    def step_state(self) -> tuple:
+        """What ``begin_step`` changes (``restore_step`` puts it back)."""
+        return self.current, *(
+            list(x) for x in (self._step, self._lag, self._keep, self._lag_slots)
+        )
+
+    def restore_step(self, state: tuple) -> None:
+        self.current, self._step, self._lag, self._keep, self._lag_slots = state
+
+    def pending(self) -> int:
+        """With two buffer sets: the most writes of one page group that the next step's set
+        will replay (the last step's)."""
+        return max((len(st[0]) for st in self._step if st is not None), default=0)
+
+    def lag(self, g: int, layer: int) -> tuple[mx.array, list[mx.array]] | None:
+        """What this step replays into ``layer`` (of page group ``g``) of its set: the
+        previous step's slots and encoded entries, stale ones dropped (None: nothing)."""
+        lag, slots = self._lag[g], self._lag_slots[g]
+        if lag is None or slots is None:
+            return None
+        old = lag[1][layer]
+        keep = self._keep[g]
+        return slots, old if keep is None else [o[keep] for o in old]
+
+    def replay_into(self, g: int, slots: mx.array, lag: dict[int, mx.array]) -> None:
+        """Inside a compiled step: the previous step's writes to replay are the trace's
+        inputs ``lag`` (per layer) at ``slots``, and this step's writes are recorded afresh
+        (``written``)."""
+        self._step[g] = (None, None, {})
+        self._keep[g] = None
+        self._lag[g] = (slots, {layer: [v] for layer, v in lag.items()})
+
+    def written(self, g: int) -> dict[int, list[mx.array]]:
+        """The entries this step wrote per layer of page group ``g`` (double buffering)."""
+        step = self._step[g]
+        assert step is not None
+        return step[2]
+
+    def record(self, g: int, layer: int, encoded: list[mx.array]) -> None:
+        """Set what the other set replays of ``layer`` next step (a compiled step's own
+        writes, cut to its real rows)."""
+        step = self._step[g]
+        assert step is not None
+        step[2][layer] = encoded
 
     def write(self, layer: int, slots: mx.array, keys: mx.array, values: mx.array) -> None:
         """Scatter (N, heads, dim) keys and values at ``slots`` (N,) of the current set, with

@@ -52,6 +52,19 @@ MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
 # bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
 # time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
 GPU_ROWS = 8
+# Rows compiled by default on the CPU backend (two buffer sets with overlap on): SmolLM2's
+# shape, float32, in turn with mlx-lm, 1.09x its generate_step at one stream (uncompiled
+# 0.97x) and 1.04x at 4 rows (0.96x); at 16 rows a compiled step was slower (its tables,
+# rounded up to 8 pages, read more keys, and attention is most of a CPU step).
+CPU_ROWS = 4
+
+
+def default_rows(inplace: bool) -> int:
+    """Rows compiled where ``compile_decode`` is not given: measured with in-place writes
+    (CUDA) and on the CPU; none elsewhere (Metal, or CUDA where in-place writes failed)."""
+    if inplace:
+        return GPU_ROWS
+    return CPU_ROWS if mx.default_device() == mx.cpu else 0
 
 
 def table_width(longest_start: int, page: int) -> int:
@@ -168,7 +181,6 @@ class StaticDecode:
         return (
             not runner.state_specs
             and pool is not None
-            and pool.num_sets == 1
             and runner.kv_quant is None
             and all(not (s.dense or s.unused) for s in runner.specs)
         )
@@ -178,6 +190,8 @@ class StaticDecode:
             return False
         if not all(s.num_tokens == 1 and s.draft < 0 for s in segments):
             return False
+        if self.runner.pool.pending() > bucket(len(segments)):
+            return False  # (two buffer sets, after a bigger step: its replay runs uncompiled)
         if head != list(range(len(segments))):
             return False
         if self.runner.decode_kernel:
@@ -205,7 +219,7 @@ class StaticDecode:
         slots = tables[np.arange(m), starts // p] * p + (starts % p)
         slots[n:] = -1
         lengths = starts + 1
-        windows = self._windows(segments, starts, m, width)
+        windows, wslots = self._windows(segments, starts, m, width)
         if m > n:
             inputs = mx.concatenate([inputs, mx.zeros((m - n,), dtype=inputs.dtype)])
         # The gather path reads no work list: fixed inputs, no new shapes.
@@ -216,40 +230,80 @@ class StaticDecode:
             self._shapes.clear()
         self._shapes.add(shape)
         # In place: the layers' last write tokens, which this step's writes chain onto
-        # (runner/paged.py); otherwise the buffers themselves.
-        if pool.inplace:
-            bufs = [kernels.kv_write.zero() if t is None else t for t in pool.tokens]
-        else:
-            bufs = list(pool.sets[0])
-        traces = self.traces
-        outs = self._fn(
-            inputs,
-            mx.array(starts.astype(np.int32)),
-            mx.array(slots.astype(np.int32)),
-            mx.array(tables),
-            mx.array(lengths.astype(np.int32)),
-            work.items,
-            work.offsets,
-            work.dims,
-            *windows,
-            *bufs,
-        )
+        # (runner/paged.py); otherwise the buffers themselves, and with two buffer sets
+        # the previous step's writes this set replays.
+        lags: list[mx.array] = []
+        before = pool.step_state()  # (a failure here leaves the uncompiled path its pool)
+        try:
+            if pool.inplace:
+                bufs = [kernels.kv_write.zero() if t is None else t for t in pool.tokens]
+            else:
+                if pool.num_sets > 1:
+                    host = [slots[:n].astype(np.int32)]
+                    if pool.window_pages:
+                        host.append(wslots[:n])
+                    pool.begin_step([(h, mx.array(h)) for h in host])
+                    lags = self._lags(len(host), m)
+                bufs = list(pool.sets[pool.current])
+            traces = self.traces
+            outs = self._fn(
+                inputs,
+                mx.array(starts.astype(np.int32)),
+                mx.array(slots.astype(np.int32)),
+                mx.array(tables),
+                mx.array(lengths.astype(np.int32)),
+                work.items,
+                work.offsets,
+                work.dims,
+                *windows,
+                *bufs,
+                *lags,
+            )
+        except Exception:
+            pool.restore_step(before)
+            raise
         self.replays += self.traces == traces
-        written = list(outs[1:])
+        k = len(bufs)
+        written = list(outs[1 : 1 + k])
         if pool.inplace:
             pool.tokens = written
         else:
-            pool.sets[0] = written
+            pool.sets[pool.current] = written
+            for layer, e in enumerate(outs[1 + k :]):  # (double buffering: the other set's)
+                pool.record(pool.group[layer], layer, [e if m == n else e[:n]])
         return outs[0] if m == n else outs[0][:n]
+
+    def _lags(self, groups: int, m: int) -> list[mx.array]:
+        """Per page group the slots the previous step wrote, then per layer its entries:
+        what this step's buffer set replays, padded to the step's ``m`` rows (``applies``:
+        never fewer) with rows that write the scratch slot -1, so the trace's shapes are the
+        step's own."""
+        pool = self.runner.pool
+        # (A group no layer writes replays nothing: all its rows are padding.)
+        slots = [mx.full((m,), -1, dtype=mx.int32)] * groups
+        out: list[mx.array] = []
+        for layer, buf in enumerate(pool.sets[pool.current]):
+            g = pool.group[layer]
+            lag = pool.lag(g, layer)
+            n = 0 if lag is None else lag[0].shape[0]
+            pad = m - n
+            if lag is not None and layer == pool.group.index(g):  # (the group's first layer)
+                s = lag[0]
+                slots[g] = mx.concatenate([s, mx.full((pad,), -1, dtype=mx.int32)]) if pad else s
+            v = mx.zeros((0, *buf.shape[1:]), dtype=buf.dtype) if lag is None else lag[1][0]
+            if pad:
+                v = mx.concatenate([v, mx.zeros((pad, *buf.shape[1:]), dtype=buf.dtype)])
+            out.append(v)
+        return slots + out
 
     def _windows(
         self, segments: tuple[Segment, ...], starts: np.ndarray, m: int, full_width: int
-    ) -> list[mx.array]:
+    ) -> tuple[list[mx.array], np.ndarray]:
         """The window group's write slots, then per span of the model's sliding windows
         and chunks (``LayerSpec.span``) each row's table from the page of its first key,
         its keys' end and first key in that table, as wide as the most pages a span covers
         or the full tables where those are narrower (a shape changes no more often than
-        theirs). Padding rows: position 0 over page 0."""
+        theirs). Padding rows: position 0 over page 0. And the window slots on the host."""
         r = self.runner
         p = r.pool.page_size
         windowed = bool(r.pool.window_pages)
@@ -273,7 +327,7 @@ class StaticDecode:
                 tables[i, : len(pages)] = pages
                 ends[i], firsts[i] = pos + 1 - first * p, lo - first * p
             out += [mx.array(tables), mx.array(ends), mx.array(firsts)]
-        return out
+        return out, wslots
 
     @functools.cached_property
     def spans(self) -> list[int]:
@@ -289,13 +343,24 @@ class StaticDecode:
             span: _Group(*rest[3 * j : 3 * j + 2], None, pool.page_size, rest[3 * j + 2])
             for j, span in enumerate(self.spans)
         }
-        bufs = rest[k:]
-        saved, saved_tokens = pool.sets[0], pool.tokens
+        rest = rest[k:]
+        nbuf = len(pool.specs)
+        bufs, lags = rest[:nbuf], rest[nbuf:]
+        cur = pool.current
+        saved, saved_tokens = pool.sets[cur], pool.tokens
+        saved_lag = (list(pool._step), list(pool._lag), list(pool._keep))
         if pool.inplace:
             pool.tokens = list(bufs)
         else:
-            pool.sets[0] = list(bufs)
+            pool.sets[cur] = list(bufs)
         try:
+            if lags:  # two buffer sets: replay the previous step's writes with this step's
+                groups = len(lags) - nbuf
+                own = [slots, wslots][:groups]
+                for g in range(groups):
+                    merged = mx.concatenate([lags[g], own[g]])
+                    layer_lags = {i: lags[groups + i] for i in range(nbuf) if pool.group[i] == g}
+                    pool.replay_into(g, merged, layer_lags)
             kernel = bool(r.decode_kernel)
             num_items = items.shape[0] // 2
             work = SimpleNamespace(
@@ -311,7 +376,10 @@ class StaticDecode:
             ctx = _Context(positions, slots, group, kernel, window_slots, spans)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
             self.traces += 1
-            written = list(pool.tokens) if pool.inplace else list(pool.sets[0])
+            written = list(pool.tokens) if pool.inplace else list(pool.sets[cur])
+            if lags:  # this step's own entries per layer, for the other set
+                written += [pool.written(pool.group[i])[i][0] for i in range(nbuf)]
         finally:  # the caller stores what the step returns; no tracer stays behind
-            pool.sets[0], pool.tokens = saved, saved_tokens
+            pool.sets[cur], pool.tokens = saved, saved_tokens
+            pool._step, pool._lag, pool._keep = (list(x) for x in saved_lag)
         return (logits, *written)

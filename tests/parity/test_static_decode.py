@@ -17,21 +17,21 @@ from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
 
 def _llm(path, **options) -> LLM:
     options.setdefault("compile_decode", True)
-    return LLM(
-        str(path),
-        kv_double_buffer=False,
-        check_invariants=True,
-        max_num_seqs=32,
-        **options,
-    )
+    options.setdefault("kv_double_buffer", False)
+    return LLM(str(path), check_invariants=True, max_num_seqs=32, **options)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("overlap", [True, False])
-def test_staggered_requests_compiled_match_mlx_lm(tiny_model_dir, arch, overlap):
-    """Rows joining and leaving (new shapes), stops, aborts, prefix hits, chunked prompts."""
+@pytest.mark.parametrize(("overlap", "double"), [(True, False), (False, False), (True, True)])
+def test_staggered_requests_compiled_match_mlx_lm(tiny_model_dir, arch, overlap, double):
+    """Rows joining and leaving (new shapes), stops, aborts, prefix hits, chunked prompts;
+    with one buffer set, and with two (the CPU's default with overlap on: a compiled step
+    replays the writes its set missed, as its inputs)."""
     path = tiny_model_dir(arch)
-    llm = _llm(path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4)
+    llm = _llm(
+        path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4, kv_double_buffer=double
+    )
+    assert llm.engine.loop.runner.pool.num_sets == 1 + double
     static = llm.engine.loop.runner.static
     assert static is not None
     run_staggered(llm, path, random.Random(arch))
@@ -56,24 +56,29 @@ def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_m
     for t in ("deepseek_v3", "qwen3_next"):  # MLA rows, recurrent
         assert _llm(family_model_dir(t)).engine.loop.runner.static is None
     assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
-    # Two buffer sets: the replay of the other set's writes is the uncompiled path's.
-    llm = LLM(str(tiny_model_dir("qwen3")), compile_decode=True, kv_double_buffer=True)
-    assert llm.engine.loop.runner.static is None
 
 
 @pytest.mark.parametrize(
     ("model_type", "page"),
     [("gemma3_text", 4), ("gpt_oss", 4), ("llama4", 4), ("gemma3_text", 1), ("llama4", 1)],
 )
-@pytest.mark.parametrize("window_pages", [None, 0])
-def test_windows_and_chunks_compiled_match_mlx_lm(family_model_dir, model_type, page, window_pages):
+@pytest.mark.parametrize(("window_pages", "double"), [(None, False), (0, False), (None, True)])
+def test_windows_and_chunks_compiled_match_mlx_lm(
+    family_model_dir, model_type, page, window_pages, double
+):
     """Sliding windows (gemma3_text; gpt_oss with attention sinks) and chunks (llama4) of 8
     positions over pages of 4 (and of 1, where a span's 9 pages are wider than short rows'
     full tables: those cap them), in the window page group (its pages freed behind the
     window) or in the full one (0): staggered rows far past the window, token-exact with
     mlx-lm, and most steady steps replayed."""
     path = family_model_dir(model_type)
-    llm = _llm(path, max_num_batched_tokens=64, kv_page_size=page, kv_window_pages=window_pages)
+    llm = _llm(
+        path,
+        max_num_batched_tokens=64,
+        kv_page_size=page,
+        kv_window_pages=window_pages,
+        kv_double_buffer=double,
+    )
     runner = llm.engine.loop.runner
     assert bool(runner.pool.window_pages) == (window_pages is None)
     assert runner.static is not None and runner.static.spans
@@ -88,7 +93,7 @@ def test_rows_leaving_reuse_padded_shapes(tiny_model_dir):
 
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 64, 65, 200)] == [1, 2, 4, 8, 8, 16, 64, 80, 208]
     path = tiny_model_dir("llama")
-    llm = _llm(path)
+    llm = _llm(path, kv_double_buffer=True)  # (padded replays of the other set's writes too)
     prompts = [[3 + i, 40 + 2 * i, 99, 7 * i + 1] for i in range(7)]
     outs = llm.generate(prompts, [greedy(10 + 9 * i) for i in range(7)])
     for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
@@ -127,8 +132,10 @@ def test_ragged_gathers_run_uncompiled_and_work_lists_pad(tiny_model_dir):
     assert not single.split and single.num_items == 2
 
 
-def test_a_trace_that_fails_turns_compiling_off(tiny_model_dir, monkeypatch):
-    """Model code a trace cannot run: the step runs uncompiled, and so do the next ones."""
+@pytest.mark.parametrize("double", [False, True])
+def test_a_trace_that_fails_turns_compiling_off(tiny_model_dir, monkeypatch, double):
+    """Model code a trace cannot run: the step runs uncompiled, and so do the next ones (with
+    two buffer sets, from the pool as the failed step found it)."""
     from tandem.runner.static_decode import StaticDecode
 
     def broken(self, *args):
@@ -136,7 +143,7 @@ def test_a_trace_that_fails_turns_compiling_off(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(StaticDecode, "_body", broken)
     path = tiny_model_dir("llama")
-    llm = _llm(path)
+    llm = _llm(path, kv_double_buffer=double)
     prompt = [4, 8, 15, 16, 23, 42]
     assert llm.generate([prompt], greedy(20))[0].token_ids == reference(path, prompt, 20)
     assert llm.engine.loop.runner.static is None
@@ -163,10 +170,18 @@ def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
 
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU's default")
-def test_compiled_steps_are_off_by_default_on_the_cpu(tiny_model_dir):
-    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA), none elsewhere: on
-    the CPU, overlap-off steps (one buffer set, so eligible) stay uncompiled."""
-    llm = LLM(str(tiny_model_dir("llama")), overlap=False)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_compiled_steps_of_up_to_cpu_rows_by_default_on_the_cpu(tiny_model_dir, overlap):
+    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA), CPU_ROWS on the CPU
+    (two buffer sets with overlap on, one with it off), token-exact with mlx-lm."""
+    from tandem.runner.static_decode import CPU_ROWS
+
+    path = tiny_model_dir("llama")
+    llm = LLM(str(path), overlap=overlap)
+    runner = llm.engine.loop.runner
     assert llm.config.compile_decode is None
-    assert llm.engine.loop.runner.compile_decode == 0
-    assert llm.engine.loop.runner.static is None
+    assert runner.compile_decode == CPU_ROWS == 4
+    assert runner.pool.num_sets == (2 if overlap else 1)
+    prompt = [5, 9, 200, 31]
+    assert llm.generate([prompt], greedy(40))[0].token_ids == reference(path, prompt, 40)
+    assert runner.static is not None and runner.static.replays >= 30
