@@ -52,19 +52,16 @@ MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
 # bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
 # time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
 GPU_ROWS = 8
-# Rows compiled by default on the CPU backend (two buffer sets with overlap on): SmolLM2's
-# shape, float32, in turn with mlx-lm, 1.09x its generate_step at one stream (uncompiled
-# 0.97x) and 1.04x at 4 rows (0.96x); at 16 rows a compiled step was slower (its tables,
-# rounded up to 8 pages, read more keys, and attention is most of a CPU step).
-CPU_ROWS = 4
 
 
 def default_rows(inplace: bool) -> int:
-    """Rows compiled where ``compile_decode`` is not given: measured with in-place writes
-    (CUDA) and on the CPU; none elsewhere (Metal, or CUDA where in-place writes failed)."""
-    if inplace:
-        return GPU_ROWS
-    return CPU_ROWS if mx.default_device() == mx.cpu else 0
+    """Rows compiled where ``compile_decode`` is not given: ``GPU_ROWS`` with in-place writes
+    (CUDA), else none. On the CPU a compiled step of up to 4 rows was faster (the SmolLM2
+    shape 1.09x mlx-lm's generate_step at one stream against 0.97x uncompiled), but MLX
+    builds each fused CPU kernel with the system's C++ compiler at first use: the test
+    suite ran about 3x longer with it on, and a fresh machine's first steps would wait on
+    the compiler (docs/benchmarks.md)."""
+    return GPU_ROWS if inplace else 0
 
 
 def table_width(longest_start: int, page: int) -> int:
@@ -281,13 +278,15 @@ class StaticDecode:
         pool = self.runner.pool
         # (A group no layer writes replays nothing: all its rows are padding.)
         slots = [mx.full((m,), -1, dtype=mx.int32)] * groups
+        seen: set[int] = set()
         out: list[mx.array] = []
         for layer, buf in enumerate(pool.sets[pool.current]):
             g = pool.group[layer]
             lag = pool.lag(g, layer)
             n = 0 if lag is None else lag[0].shape[0]
             pad = m - n
-            if lag is not None and layer == pool.group.index(g):  # (the group's first layer)
+            if lag is not None and g not in seen:  # (a group's slots: from its first layer)
+                seen.add(g)
                 s = lag[0]
                 slots[g] = mx.concatenate([s, mx.full((pad,), -1, dtype=mx.int32)]) if pad else s
             v = mx.zeros((0, *buf.shape[1:]), dtype=buf.dtype) if lag is None else lag[1][0]
@@ -347,8 +346,7 @@ class StaticDecode:
         nbuf = len(pool.specs)
         bufs, lags = rest[:nbuf], rest[nbuf:]
         cur = pool.current
-        saved, saved_tokens = pool.sets[cur], pool.tokens
-        saved_lag = (list(pool._step), list(pool._lag), list(pool._keep))
+        saved, saved_tokens, saved_step = pool.sets[cur], pool.tokens, pool.step_state()
         if pool.inplace:
             pool.tokens = list(bufs)
         else:
@@ -381,5 +379,5 @@ class StaticDecode:
                 written += [pool.written(pool.group[i])[i][0] for i in range(nbuf)]
         finally:  # the caller stores what the step returns; no tracer stays behind
             pool.sets[cur], pool.tokens = saved, saved_tokens
-            pool._step, pool._lag, pool._keep = (list(x) for x in saved_lag)
+            pool.restore_step(saved_step)
         return (logits, *written)

@@ -170,18 +170,11 @@ def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
 
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU's default")
-@pytest.mark.parametrize("overlap", [True, False])
-def test_compiled_steps_of_up_to_cpu_rows_by_default_on_the_cpu(tiny_model_dir, overlap):
-    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA), CPU_ROWS on the CPU
-    (two buffer sets with overlap on, one with it off), token-exact with mlx-lm."""
-    from tandem.runner.static_decode import CPU_ROWS
-
-    path = tiny_model_dir("llama")
-    llm = LLM(str(path), overlap=overlap)
-    runner = llm.engine.loop.runner
-    assert llm.config.compile_decode is None
-    assert runner.compile_decode == CPU_ROWS == 4
-    assert runner.pool.num_sets == (2 if overlap else 1)
-    prompt = [5, 9, 200, 31]
-    assert llm.generate([prompt], greedy(40))[0].token_ids == reference(path, prompt, 40)
-    assert runner.static is not None and runner.static.replays >= 30
+def test_compiled_steps_are_off_by_default_on_the_cpu(tiny_model_dir):
+    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA), none elsewhere (on
+    the CPU MLX builds compiled kernels with the system's C++ compiler at first use)."""
+    for overlap in (True, False):
+        llm = LLM(str(tiny_model_dir("llama")), overlap=overlap)
+        assert llm.config.compile_decode is None
+        assert llm.engine.loop.runner.compile_decode == 0
+        assert llm.engine.loop.runner.static is None
