@@ -31,6 +31,7 @@ evaluated would fail again at every replay, and the recreated pool is not its co
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -46,23 +47,47 @@ from tandem.runner.step_context import AttnView, first_key, slot, table_head_row
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
 
+log = logging.getLogger("tandem")
+
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
 # Rows compiled by default where KV writes are in place (CUDA): on the H200 (Qwen3-8B shape,
 # bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
 # time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
 GPU_ROWS = 8
+# Rows compiled by default on the CPU, where a C++ compiler builds MLX's fused kernels:
+# the SmolLM2 shape's single stream 1.09x mlx-lm's generate_step compiled against 0.97x not,
+# 4 rows 1.04x against 0.96x; at 16 rows a compiled step was 13-18% slower (its tables,
+# rounded up to 8 pages, read more keys under a mask: attention is most of a CPU step).
+CPU_ROWS = 4
 
 
 def default_rows(inplace: bool) -> int:
     """Rows compiled where ``compile_decode`` is not given: ``GPU_ROWS`` with in-place writes
-    (CUDA), else none. On the CPU a compiled step of up to 4 rows was faster (the SmolLM2
-    shape 1.09x mlx-lm's generate_step at one stream against 0.97x uncompiled), but MLX
-    builds each fused CPU kernel with the system's C++ compiler at first use, when the step
-    is evaluated: a tiny model's engine took 1.58 s to start with an empty kernel cache
-    against 0.83 s uncompiled, and a machine without a compiler would fail steps rather than
-    traces (docs/benchmarks.md)."""
-    return GPU_ROWS if inplace else 0
+    (CUDA); ``CPU_ROWS`` on the CPU where MLX can build fused kernels (``cpu_compiler``);
+    else none (docs/benchmarks.md)."""
+    if inplace:
+        return GPU_ROWS
+    if mx.default_device() == mx.cpu and cpu_compiler():
+        return CPU_ROWS
+    return 0
+
+
+@functools.cache
+def cpu_compiler() -> bool:
+    """Whether a compiled function's fused CPU kernel builds and runs here. MLX builds it
+    with the system's ``g++`` when it is first evaluated (then keeps the library under the
+    temporary directory); with no ``g++`` on the PATH it runs compiled functions unfused
+    (checked: the right output, nothing built). Probed once at load, so a compiler that is
+    there but fails turns compiled steps off rather than failing a step."""
+    try:
+        with mx.stream(mx.cpu):
+            f = mx.compile(lambda x, y: mx.exp(x * y) * mx.sigmoid(x) + y)
+            mx.eval(f(mx.arange(8, dtype=mx.float32), mx.array(0.5)))
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure means: no compiled CPU steps
+        log.warning("compiled decode steps off: MLX could not build a fused CPU kernel (%s)", e)
+        return False
 
 
 def table_width(longest_start: int, page: int) -> int:

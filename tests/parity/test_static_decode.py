@@ -11,7 +11,8 @@ import random
 import mlx.core as mx
 import pytest
 
-from tandem import LLM
+from tandem import LLM, SamplingParams
+from tandem.runner import static_decode
 from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
 
 
@@ -170,11 +171,40 @@ def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
 
 
 @pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU's default")
-def test_compiled_steps_are_off_by_default_on_the_cpu(tiny_model_dir):
-    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA), none elsewhere (on
-    the CPU MLX builds compiled kernels with the system's C++ compiler at first use)."""
+def test_the_cpu_compiles_steps_of_up_to_four_rows_by_default(tiny_model_dir, monkeypatch):
+    """None: static_decode.GPU_ROWS where KV writes are in place (CUDA); on the CPU
+    CPU_ROWS, with overlap on (two buffer sets) and off, unless MLX cannot build a fused CPU
+    kernel here (the load-time probe), when steps run uncompiled."""
     for overlap in (True, False):
         llm = LLM(str(tiny_model_dir("llama")), overlap=overlap)
         assert llm.config.compile_decode is None
-        assert llm.engine.loop.runner.compile_decode == 0
-        assert llm.engine.loop.runner.static is None
+        runner = llm.engine.loop.runner
+        assert runner.compile_decode == static_decode.CPU_ROWS == 4
+        assert runner.static is not None
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0))[0]
+        assert runner.static.replays > 0
+        assert out.token_ids == reference(tiny_model_dir("llama"), [5, 6, 7], 6)
+    monkeypatch.setattr(static_decode, "cpu_compiler", lambda: False)
+    llm = LLM(str(tiny_model_dir("llama")))
+    assert llm.engine.loop.runner.compile_decode == 0
+    assert llm.engine.loop.runner.static is None
+
+
+def test_the_compiler_probe_reports_a_failing_build(monkeypatch, caplog):
+    """A compiled function that fails when it is evaluated (a compiler that is there but
+    fails) makes the probe say no, with a warning, rather than failing a step later."""
+
+    def broken(fun):
+        def call(*args):
+            raise RuntimeError("[Compile::eval_cpu] Failed to compile function")
+
+        return call
+
+    static_decode.cpu_compiler.cache_clear()
+    monkeypatch.setattr(static_decode.mx, "compile", broken)
+    try:
+        with caplog.at_level("WARNING", logger="tandem"):
+            assert static_decode.cpu_compiler() is False
+        assert "could not build a fused CPU kernel" in caplog.text
+    finally:
+        static_decode.cpu_compiler.cache_clear()
