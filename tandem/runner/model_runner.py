@@ -115,9 +115,8 @@ class ModelRunner:
         self.state_pool: StatePool | None = None
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
-        double_buffer = double_buffer and not self.state_specs  # (replays 1 write a layer)
+        self.double_buffer = double_buffer and not self.state_specs  # (replays 1 write/layer)
         self.decode_kernel = decode_kernel  # None: decided with the pool (the CPU gathers)
-        self.double_buffer = double_buffer
         self.inplace_writes = inplace_writes
         rows = 1 << 30 if compile_decode is True else compile_decode  # (None: allocate_kv)
         self.compile_decode = None if rows is None else int(rows)
@@ -215,9 +214,10 @@ class ModelRunner:
                 self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool
                 verify.against_mlx_lm(self, self.model_type)
+            eligible = StaticDecode.eligible(self)  # (the CPU's probe only where it is)
             if self.compile_decode is None:
-                self.compile_decode = default_rows(self.pool.inplace)
-            if self.compile_decode and StaticDecode.eligible(self):
+                self.compile_decode = default_rows(self.pool.inplace) if eligible else 0
+            if self.compile_decode and eligible:
                 self.static = StaticDecode(self)
                 log.info("compiled decode steps of up to %d rows", self.compile_decode)
 

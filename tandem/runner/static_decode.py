@@ -64,7 +64,7 @@ CPU_ROWS = 4
 
 def default_rows(inplace: bool) -> int:
     """Rows compiled where ``compile_decode`` is not given: ``GPU_ROWS`` with in-place writes
-    (CUDA); ``CPU_ROWS`` on the CPU where MLX can build fused kernels (``cpu_compiler``);
+    (CUDA); ``CPU_ROWS`` on the CPU where MLX compiles (``cpu_compiler``);
     else none (docs/benchmarks.md)."""
     if inplace:
         return GPU_ROWS
@@ -75,19 +75,33 @@ def default_rows(inplace: bool) -> int:
 
 @functools.cache
 def cpu_compiler() -> bool:
-    """Whether a compiled function's fused CPU kernel builds and runs here. MLX builds it
-    with the system's ``g++`` when it is first evaluated (then keeps the library under the
-    temporary directory); with no ``g++`` on the PATH it runs compiled functions unfused
-    (checked: the right output, nothing built). Probed once at load, so a compiler that is
-    there but fails turns compiled steps off rather than failing a step."""
+    """Whether MLX compiles functions on the CPU here: a compiled function traced once and
+    replayed, its fused kernel built and run. MLX builds such a kernel with the system's
+    ``g++`` when it is first evaluated (then keeps the library under the temporary
+    directory); with no ``g++`` on the PATH (or compilation disabled) it does not compile at
+    all and runs the function's Python at every call (checked: three calls, three runs of
+    the body), which for a decode step would be a trace per step. Probed once at load, so
+    that case, and on a fresh kernel cache a compiler that fails, leave compiled steps off
+    rather than slowing or failing steps."""
+    calls = 0
+
+    def probe(x: mx.array, y: mx.array) -> mx.array:
+        nonlocal calls
+        calls += 1
+        return mx.exp(x * y) * mx.sigmoid(x) + y
+
     try:
         with mx.stream(mx.cpu):
-            f = mx.compile(lambda x, y: mx.exp(x * y) * mx.sigmoid(x) + y)
-            mx.eval(f(mx.arange(8, dtype=mx.float32), mx.array(0.5)))
-        return True
+            f = mx.compile(probe)
+            for _ in range(2):
+                mx.eval(f(mx.arange(8, dtype=mx.float32), mx.array(0.5)))
     except Exception as e:  # noqa: BLE001 - any failure means: no compiled CPU steps
         log.warning("compiled decode steps off: MLX could not build a fused CPU kernel (%s)", e)
         return False
+    if calls > 1:
+        log.info("compiled decode steps off: MLX does not compile here (no g++ on the PATH?)")
+        return False
+    return True
 
 
 def table_width(longest_start: int, page: int) -> int:

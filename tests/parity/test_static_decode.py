@@ -6,7 +6,9 @@ uncompiled one)."""
 
 from __future__ import annotations
 
+import logging
 import random
+import shutil
 
 import mlx.core as mx
 import pytest
@@ -180,6 +182,7 @@ def test_the_cpu_compiles_steps_of_up_to_four_rows_by_default(tiny_model_dir, mo
         assert llm.config.compile_decode is None
         runner = llm.engine.loop.runner
         assert runner.compile_decode == static_decode.CPU_ROWS == 4
+        assert runner.double_buffer is overlap  # (two sets with overlap on, the CPU's way)
         assert runner.static is not None
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0))[0]
         assert runner.static.replays > 0
@@ -202,9 +205,24 @@ def test_the_compiler_probe_reports_a_failing_build(monkeypatch, caplog):
 
     static_decode.cpu_compiler.cache_clear()
     monkeypatch.setattr(static_decode.mx, "compile", broken)
+    monkeypatch.setattr(logging.getLogger("tandem"), "propagate", True)  # (cli.main sets False)
     try:
         with caplog.at_level("WARNING", logger="tandem"):
             assert static_decode.cpu_compiler() is False
         assert "could not build a fused CPU kernel" in caplog.text
     finally:
         static_decode.cpu_compiler.cache_clear()
+
+
+def test_the_probe_says_no_where_mlx_does_not_compile():
+    """Without g++ on the PATH (or with compilation disabled) MLX runs a compiled function's
+    Python at every call: a trace per step, not a replay. The probe sees the second call
+    run the body again and says no."""
+    static_decode.cpu_compiler.cache_clear()
+    mx.disable_compile()
+    try:
+        assert static_decode.cpu_compiler() is False
+    finally:
+        mx.enable_compile()
+        static_decode.cpu_compiler.cache_clear()
+    assert static_decode.cpu_compiler() is (shutil.which("g++") is not None)
