@@ -77,7 +77,20 @@ PROFILES: dict[str, tuple[Entry, ...]] = {
             "tiny", "tiny llama (host-bound), float32", "16,64", (256, 256, 256), 3, "float32"
         ),
         _offline(
-            "qwen3.5-tiny", "Qwen3.5 hybrid, tiny width, float32", "16", (128, 64, 64), 2, "float32"
+            "qwen3.5-tiny",
+            "Qwen3.5 hybrid, tiny width, float32",
+            "16,64",
+            (128, 64, 64),
+            2,
+            "float32",
+        ),
+        _offline(
+            "gemma3-tiny",
+            "Gemma 3 layer pattern (windows of 512, a global layer every 6th), tiny width, float32",
+            "16,64",
+            (640, 64, 64),
+            2,
+            "float32",
         ),
         _ngram("n-gram speculation, the default model (float32)", 64, 2),
         _hybrid(
