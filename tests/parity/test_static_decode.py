@@ -172,7 +172,10 @@ def test_only_steps_of_at_most_compile_decode_rows_are_compiled(tiny_model_dir):
         LLM(str(path), compile_decode=-1)
 
 
-@pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU's default")
+@pytest.mark.skipif(
+    mx.default_device() != mx.cpu or shutil.which("g++") is None,
+    reason="the CPU's default, where MLX compiles (with g++)",
+)
 def test_the_cpu_compiles_steps_of_up_to_four_rows_by_default(tiny_model_dir, monkeypatch):
     """None: static_decode.GPU_ROWS where KV writes are in place (CUDA); on the CPU
     CPU_ROWS, with overlap on (two buffer sets) and off, unless MLX cannot build a fused CPU
