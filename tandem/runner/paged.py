@@ -157,12 +157,18 @@ class PagePool:
     def lag(self, g: int, layer: int) -> tuple[mx.array, list[mx.array]] | None:
         """What this step replays into ``layer`` (of page group ``g``) of its set: the
         previous step's slots and encoded entries, stale ones dropped (None: nothing)."""
-        lag, slots = self._lag[g], self._lag_slots[g]
-        if lag is None or slots is None:
+        slots = self._lag_slots[g]
+        if self._lag[g] is None or slots is None:
             return None
+        return slots, self._missed(g, layer)
+
+    def _missed(self, g: int, layer: int) -> list[mx.array]:
+        """The previous step's encoded entries of ``layer`` that this set missed, those a
+        later write made stale dropped (``_keep``)."""
+        lag, keep = self._lag[g], self._keep[g]
+        assert lag is not None
         old = lag[1][layer]
-        keep = self._keep[g]
-        return slots, old if keep is None else [o[keep] for o in old]
+        return old if keep is None else [o[keep] for o in old]
 
     def replay_into(self, g: int, slots: mx.array, lag: dict[int, mx.array]) -> None:
         """Inside a compiled step: the previous step's writes to replay are the trace's
@@ -202,16 +208,13 @@ class PagePool:
         at = slots
         if self.num_sets > 1:
             g = self.group[layer]
-            step, lag, keep = self._step[g], self._lag[g], self._keep[g]
+            step, lag = self._step[g], self._lag[g]
             assert step is not None
             step[2][layer] = encoded
             if lag is not None:
-                merged, lag_vals = lag
-                old = lag_vals[layer]
-                if keep is not None:
-                    old = [o[keep] for o in old]
+                old = self._missed(g, layer)
                 encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
-                at = merged
+                at = lag[0]  # (the previous step's slots and this step's)
         for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
             part[at] = e
 
