@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused, rope, determinism, single.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -89,6 +89,26 @@ for part in $parts; do
       timeout 280 python3 -u -m tandem.bench.step_profile --shape $s --dtype bfloat16 --batch 1 \
         --input-len 128 --steps 96 --json "$out/profile-single-$s.json" 2>&1 \
         | grep -v "^\[transformers\]" | cut -c1-400
+    done ;;
+  pool)
+    # The KV pool's size (docs/benchmarks.md, "2026-12-06"): an unrelated allocation beside a
+    # small pool, then the single stream at three pool sizes, each in its own process.
+    model
+    timeout 200 python3 scripts/gpu_pool_alloc.py $m 60 2>&1 | grep -v "^\[transformers\]" \
+      | tee "$out/pool-alloc-$shape.txt" | tail -2
+    for t in 8192 262144 0; do
+      opt="{\"kv_budget_tokens\": $t}"; [ $t = 0 ] && opt='{}'
+      timeout 150 python3 -m tandem.cli bench offline --model $m --dtype bfloat16 --batch-sizes "" \
+        --single-tokens 256 --repeats 3 --interleave off --engine-options "$opt" \
+        --json "$out/pool-$shape-$t.json" 2>&1 | grep "single stream"
+    done ;;
+  ops)
+    # MLX's command-buffer size (MLX_MAX_OPS_PER_BUFFER, read once per process): the plain
+    # loop and Tandem at batch 1 (scripts/gpu_backpressure.py), twice per value.
+    model
+    for v in 20 160 400 20 160 400; do
+      MLX_MAX_OPS_PER_BUFFER=$v timeout 150 python3 scripts/gpu_backpressure.py $m 2>&1 \
+        | tail -1 | tee -a "$out/backpressure-$shape.jsonl"
     done ;;
   esac
 done
