@@ -379,7 +379,7 @@ def paged_decode(
         template += [("BITS", pool.bits), ("G", pool.group)]
     inputs = [
         q,
-        *kv_quant.parts(pool),
+        *(kv_write.handle(a) for a in kv_quant.parts(pool)),  # one-row views (kv_write.handle)
         tables,
         lengths,
         work.items,

@@ -48,7 +48,7 @@ _WRITE = """
     size_t n = i / W;
     int j = (int)(i % W);
     int slot = slots[n];
-    if (slot < 0 || slot >= pool_shape[0]) return;
+    if (slot < 0 || slot >= R) return;
     T x = j < WK ? k[n * WK + j] : v[n * WV + (j - WK)];
     const_cast<T*>(pool)[(size_t)slot * W + j] = x;
 """
@@ -90,6 +90,20 @@ def _kernel(name: str):
 _zeros: list[mx.array] = []
 
 
+def handle(a: mx.array) -> mx.array:
+    """A one-row view of ``a``'s buffer, for a kernel that indexes the whole buffer through
+    its pointer (the view starts where ``a`` does; the kernel is given the row count).
+
+    MLX's CUDA encoder adds each kernel input's whole size to the CUDA graph it records and
+    commits the graph once that passes ``MLX_MAX_MB_PER_BUFFER`` (1,000 on an H100/H200; it
+    counts elements). With a default-sized pool a layer's buffer is gigabytes, so passed
+    whole it closed a graph after every write and every decode kernel: tens of graphs a step,
+    each a task MLX counts against the 10 it lets run ahead of the host, and a single stream
+    15-24% slower than with a small pool (docs/benchmarks.md, "2026-12-06"). The view counts
+    one row; the buffer is the same, so MLX orders the kernels as before."""
+    return a[:1] if a.shape[0] > 1 else a
+
+
 def zero() -> mx.array:
     """A token no write produced (a layer's first write waits on nothing)."""
     if not _zeros:
@@ -113,13 +127,13 @@ def write(
     assert wk + wv == pool.size // pool.shape[0], "a row's values fill one pool entry"
     (token,) = _kernel("write")(
         inputs=[
-            pool,
+            handle(pool),
             slots,
             k.astype(pool.dtype),
             k if v is None else v.astype(pool.dtype),
             zero() if after is None else after,
         ],
-        template=[("T", pool.dtype), ("WK", wk), ("WV", wv)],
+        template=[("T", pool.dtype), ("WK", wk), ("WV", wv), ("R", pool.shape[0])],
         grid=(max(n * (wk + wv), 1), 1, 1),
         threadgroup=(_THREADS, 1, 1),
         output_shapes=[(1,)],
@@ -134,7 +148,7 @@ def gather(src: mx.array, idx: mx.array, token: mx.array) -> mx.array:
     w = src.size // rows
     n = idx.size
     (out,) = _kernel("gather")(
-        inputs=[src, idx.astype(mx.int32), token],
+        inputs=[handle(src), idx.astype(mx.int32), token],
         template=[("W", w)],
         grid=(max(n * w, 1), 1, 1),
         threadgroup=(_THREADS, 1, 1),
