@@ -1,7 +1,8 @@
 """MLX's eval backpressure at batch 1 on a GPU: how far the host runs ahead of the device.
 
 MLX's CUDA backend commits its recorded kernels as one task every ``MLX_MAX_OPS_PER_BUFFER``
-nodes (20 by default), and ``eval``/``async_eval`` block the submitting thread while more than
+nodes (100 on an H100/H200, 20 on most others; also once its inputs pass
+``MLX_MAX_MB_PER_BUFFER``), and ``eval``/``async_eval`` block the submitting thread while more than
 10 tasks are in flight. A decode step of hundreds of nodes is then tens of tasks, so the host
 can queue only a fraction of a step ahead, and an overlapped loop's submit of step N+1 waits
 for most of step N. Run once per value of MLX_MAX_OPS_PER_BUFFER (it is read once per process):
@@ -81,7 +82,9 @@ def tandem(path: str, overlap: bool) -> float:
 def main() -> None:
     path = sys.argv[1]
     model = load(path)[0]
-    out: dict[str, object] = {"max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "20")}
+    out: dict[str, object] = {
+        "max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "default")
+    }
     out["step_nodes"] = sum(nodes(model).values())
     for mode in ("sync", "chained"):
         runs = [plain(model, mode == "chained") for _ in range(3)]

@@ -106,7 +106,7 @@ for part in $parts; do
     # MLX's command-buffer size (MLX_MAX_OPS_PER_BUFFER, read once per process): the plain
     # loop and Tandem at batch 1 (scripts/gpu_backpressure.py), twice per value.
     model
-    for v in 20 160 400 20 160 400; do
+    for v in 100 160 400 100 160 400; do
       MLX_MAX_OPS_PER_BUFFER=$v timeout 150 python3 scripts/gpu_backpressure.py $m 2>&1 \
         | tail -1 | tee -a "$out/backpressure-$shape.jsonl"
     done ;;
