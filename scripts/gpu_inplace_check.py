@@ -1,4 +1,5 @@
-"""In-place KV writes (runner/kv_write.py) against MLX scatters, token for token, on the GPU.
+"""In-place KV writes (runner/kv_write.py) against MLX scatters, token for token, on the GPU
+(and, on the recurrent models, recurrent states stored in place: runner/state.py).
 
     python scripts/gpu_inplace_check.py [OUT.json]
 
@@ -147,6 +148,8 @@ for name, path in models.items():
                 active[inplace].append(round(stats.spec_accepted / stats.spec_proposed, 3))
             if static is not None:
                 active[inplace][2] = [static.traces, static.replays]
+            if runner.state_pool is not None:  # recurrent states stored in place too
+                active[inplace].append({"states_inplace": runner.state_pool.inplace})
             del llm
         a, b = outs.get(None), outs.get(False)
         if isinstance(a, str) or isinstance(b, str):

@@ -193,7 +193,7 @@ class ModelRunner:
                 window_pages=window_pages,
             )
             if self.state_specs:
-                self.state_pool = StatePool(self.state_specs, max(1, state_slots))
+                self.state_pool = StatePool(self.state_specs, state_slots, self.inplace_writes)
             if self.decode_kernel is not False:
                 q = self.kv_quant
                 # With quantized pages, the float variant too: the load-time check against
@@ -237,7 +237,7 @@ class ModelRunner:
             # before either is allocated again, so the new ones fit where the old were.
             self.pool.sets = []
             if self.state_pool is not None:
-                self.state_pool.bufs = []
+                self.state_pool.release()
             if self.static is not None:  # (a failure at evaluation would recur each replay)
                 log.warning("compiled decode steps off after a failed step")
                 self.static = None

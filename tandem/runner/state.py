@@ -30,6 +30,7 @@ import gc
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from tandem.runner import kv_write
 from tandem.runner import positions as _positions
 from tandem.runner.layers import StateSpec
 
@@ -65,10 +66,31 @@ class Reads:
 
 
 class StatePool:
-    def __init__(self, specs: list[StateSpec], num_slots: int) -> None:
+    """The state buffers: per layer and array, one of ``num_slots`` states.
+
+    ``inplace`` (None or True: where ``runner.kv_write``'s kernels pass their check, i.e.
+    MLX's CUDA backend, as for the KV pool; False: MLX's scatter and gather): states are
+    stored by ``kv_write``'s kernel into the buffers, which are never replaced, and read by
+    its gather after the last store (each buffer's stores form one chain, as a KV layer's
+    do). MLX's scatter and gather take the whole buffer, and snapshot slots make a buffer up
+    to a gigabyte: on CUDA a whole-buffer input closes a graph (``kv_write.handle``), and a
+    scatter into a buffer the step before still reads copies it first (``kv_write``'s
+    module notes). A read's rows depend on the stores before it; a store into a slot read
+    earlier in the same step depends on that read only through its values, which is how
+    the engine uses slots (a row's new state is made from its own read; snapshot and backup
+    slots are fresh)."""
+
+    def __init__(
+        self, specs: list[StateSpec], num_slots: int, inplace: bool | None = False
+    ) -> None:
         self.specs = specs
-        self.num_slots = num_slots
+        self.num_slots = max(1, num_slots)
+        dtypes = {e[1] for s in specs for e in s.entries if e is not None}
+        self.inplace = inplace is not False and all(kv_write.available(t) for t in dtypes)
         self.bufs: list[list[mx.array | None]] = []
+        # In place: each buffer as (num_slots, state size) rows, and its last store's token.
+        self.flat: list[list[mx.array | None]] = []
+        self.tokens: list[list[mx.array | None]] = []
         # The last decode call's rows (their slots, in order) and new states per layer and
         # array, not yet written to ``bufs``.
         self.resident: tuple[tuple[int, ...], list[list[mx.array | None] | None]] | None = None
@@ -78,8 +100,12 @@ class StatePool:
         self._new: list[Held] = []
         self.reset()
 
+    def release(self) -> None:
+        """Let go of the buffers (before the pools are allocated again: ``reset``)."""
+        self.bufs, self.flat, self.tokens = [], [], []
+
     def reset(self) -> None:
-        self.bufs = []
+        self.release()
         self.resident = None
         self.held = {}
         self._new = []
@@ -93,6 +119,35 @@ class StatePool:
                     mx.eval(buf)
                 layer.append(buf)
             self.bufs.append(layer)
+            flat = self.inplace  # (views would keep scattered-over buffers alive)
+            self.flat.append(
+                [b.reshape(self.num_slots, -1) if flat and b is not None else None for b in layer]
+            )
+            self.tokens.append([None] * len(layer))
+        mx.eval([f for layer in self.flat for f in layer if f is not None])
+
+    def take(self, layer: int, k: int, idx: mx.array) -> mx.array:
+        """Array ``k`` of ``layer`` at slots ``idx`` (n,): (n, ...)."""
+        buf, token = self.bufs[layer][k], self.tokens[layer][k]
+        assert buf is not None
+        if token is None:
+            return buf[idx]
+        flat = self.flat[layer][k]
+        assert flat is not None
+        return kv_write.gather(flat, idx, token).reshape(*idx.shape, *buf.shape[1:])
+
+    def put(self, layer: int, k: int, idx: mx.array, values: mx.array) -> None:
+        """Store ``values`` (n, ...) as array ``k`` of ``layer`` at slots ``idx`` (n,)."""
+        buf = self.bufs[layer][k]
+        assert buf is not None
+        if not self.inplace:
+            buf[idx] = values
+            return
+        flat = self.flat[layer][k]
+        assert flat is not None
+        n = idx.shape[0]
+        token = self.tokens[layer][k]
+        self.tokens[layer][k] = kv_write.write(flat, idx, values.reshape(n, -1), None, token)
 
     @property
     def bytes(self) -> int:
@@ -105,7 +160,8 @@ class StatePool:
         kept = [x for h in self._new for layer in h.values for v in layer or () for x in v or ()]
         kept = [x for x in kept if x is not None]
         self._new = []
-        return [b for layer in [*self.bufs, *held] for b in layer if b is not None] + kept
+        bufs = [b for layer in [*self.bufs, *held, *self.tokens] for b in layer if b is not None]
+        return bufs + kept
 
     def hold(self, rows: list[list[int]]) -> Held:
         """Ids ``rows[r][j]`` (past the pool's slots: engine/state_slots.py's PositionSlots)
@@ -127,10 +183,8 @@ class StatePool:
 
     def gather(self, layer: int, k: int, reads: Reads) -> mx.array:
         """Array ``k`` of ``layer`` for these slots, (len(slots), ...)."""
-        buf = self.bufs[layer][k]
-        assert buf is not None
         if reads.idx is not None:
-            return buf[reads.idx]
+            return self.take(layer, k, reads.idx)
         parts = []
         for s in reads.slots:
             if s in self.held:
@@ -141,7 +195,7 @@ class StatePool:
                 parts.append(state[r])
             else:
                 assert s < self.num_slots, f"slot {s} holds no state"
-                parts.append(buf[s])
+                parts.append(self.take(layer, k, mx.array([s], dtype=mx.int32))[0])
         return mx.stack(parts)
 
     def flush(self) -> None:
@@ -151,10 +205,10 @@ class StatePool:
         slots, states = self.resident
         self.resident = None
         idx = mx.array(slots, dtype=mx.int32)
-        for bufs, news in zip(self.bufs, states, strict=True):
-            for buf, new in zip(bufs, news or [None] * len(bufs), strict=True):
+        for layer, (bufs, news) in enumerate(zip(self.bufs, states, strict=True)):
+            for k, (buf, new) in enumerate(zip(bufs, news or [None] * len(bufs), strict=True)):
                 if buf is not None and new is not None:
-                    buf[idx] = new
+                    self.put(layer, k, idx, new)
 
 
 class StepState(ArraysCache):
@@ -193,7 +247,7 @@ class StepState(ArraysCache):
                     continue
                 self.cache[k] = pool.gather(layer, k, read)
                 if backup is not None:
-                    buf[backup] = self.cache[k]
+                    pool.put(layer, k, backup, self.cache[k])
 
     def __getitem__(self, idx):
         _positions.aim(self.capture)  # (a layer reads its cache before it runs)
@@ -211,10 +265,10 @@ class StepState(ArraysCache):
             new = new.astype(buf.dtype)
             kept.append(new)
             if self.keep is None:
-                buf[self.write] = new
+                self.pool.put(self.layer, k, self.write, new)
             if self.copies is not None:
                 rows, slots = self.copies
-                buf[slots] = new[rows]
+                self.pool.put(self.layer, k, slots, new[rows])
             if self.positions is not None:
                 assert self.capture is not None
                 held, m = self.positions

@@ -20,7 +20,8 @@ import pytest
 
 from tandem import LLM
 from tandem.runner import kv_write
-from tests.parity.test_mlx_lm_parity import greedy, run_staggered
+from tandem.testing.families import RECURRENT
+from tests.parity.test_mlx_lm_parity import greedy, reference, run_staggered
 
 
 def _write(pool, slots, k, v=None, after=None):
@@ -77,6 +78,48 @@ def test_a_small_window_group_in_place_matches_mlx_lm(emulated, family_model_dir
     """The window layers' pool of 8 pages (engine/kv_manager.py's window group), written in
     place at their own slots and its pages handed from request to request."""
     _staggered(family_model_dir(model_type), model_type, kv_window_pages=8)
+
+
+@pytest.mark.parametrize("model_type", RECURRENT)
+def test_recurrent_states_in_place_match_mlx_lm(emulated, family_model_dir, model_type):
+    """Recurrent states stored and read through the same kernels (runner/state.py): chunk
+    boundaries, prefix hits on snapshot slots, rows joining and leaving (the resident states
+    flushed), aborts. A store left out of a buffer's chain is a state its next read misses."""
+    path = family_model_dir(model_type)
+    llm = LLM(
+        str(path),
+        kv_double_buffer=False,
+        check_invariants=True,
+        max_num_seqs=32,
+        max_num_batched_tokens=64,
+        kv_page_size=4,
+    )
+    pool = llm.engine.loop.runner.state_pool
+    assert pool is not None and pool.inplace
+    run_staggered(llm, path, random.Random(model_type))
+    assert llm.engine.scheduler.stats.hit_tokens > 0
+    assert any(t is not None for layer in pool.tokens for t in layer)
+
+
+@pytest.mark.parametrize("per_position", [True, False])
+def test_recurrent_speculation_in_place_matches_mlx_lm(
+    emulated, family_model_dir, monkeypatch, per_position
+):
+    """Verifies on in-place states: backups stored before a verify, rolled-back requests
+    reading them (replaying), or states per position (held outside the pool)."""
+    from tests.parity.test_speculative_hybrid import SPEC, oracle, prompts_for, replaying
+
+    if not per_position:
+        replaying(monkeypatch)
+    path = family_model_dir("qwen3_next")
+    prompts = prompts_for(7)
+    oracle(monkeypatch, path, prompts, seed=8)
+    llm = LLM(str(path), kv_double_buffer=False, check_invariants=True, kv_page_size=4, **SPEC)
+    assert llm.engine.loop.runner.state_pool.inplace
+    for p, o in zip(prompts, llm.generate(prompts, greedy(30)), strict=True):
+        assert o.token_ids == reference(path, p, 30)
+    stats = llm.engine.scheduler.stats
+    assert 0 < stats.spec_accepted < stats.spec_proposed
 
 
 def test_self_draft_in_place_is_accepted(emulated, tiny_model_dir):
