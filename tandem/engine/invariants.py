@@ -81,6 +81,7 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
             if seg.state_positions:  # the verify's request holds them until its result
                 owner = sched.running[seg.request_id]
                 assert owner.spec_positions == seg.state_positions, "position ids drifted"
+        _check_state_stores(plan)
     for req in sched.waiting:
         assert req.status is RequestStatus.WAITING and not req.pages and not req.locked_pages
     for rid, req in sched.running.items():
@@ -96,6 +97,24 @@ def check(sched: Scheduler, inflight: list[StepPlan]) -> None:
             assert req.num_computed < req.num_tokens, f"{rid}: prefill overran"
     for rid in refs:
         assert rid in sched.running, f"in-flight step references released {rid}"
+
+
+def _check_state_stores(plan: StepPlan) -> None:
+    """No state slot a step stores into is one another request of the step reads: stored
+    in place (runner/state.py), such a store is ordered after nothing but its own values,
+    so it could overtake the other request's read."""
+    readers: dict[int, set[str]] = {}
+    for seg in plan.segments:
+        if seg.state_slot >= 0:
+            src = seg.state_src if seg.state_src >= 0 else seg.state_slot
+            readers.setdefault(src, set()).add(seg.request_id)
+    for seg in plan.segments:
+        stores = [seg.state_slot, seg.state_backup, *(slot for _, slot in seg.snapshots)]
+        for slot in stores:
+            if slot >= 0:
+                assert readers.get(slot, set()) <= {seg.request_id}, (
+                    f"state slot {slot}: stored by {seg.request_id}, read by another request"
+                )
 
 
 def _check_window(sched: Scheduler, inflight: list[StepPlan]) -> None:

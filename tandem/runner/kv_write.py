@@ -125,6 +125,7 @@ def write(
     wk = k.size // max(n, 1)
     wv = 0 if v is None else v.size // max(n, 1)
     assert wk + wv == pool.size // pool.shape[0], "a row's values fill one pool entry"
+    assert n * (wk + wv) < 2**31, "one thread per value: the grid's x is a 32-bit count"
     (token,) = _kernel("write")(
         inputs=[
             handle(pool),
@@ -147,6 +148,7 @@ def gather(src: mx.array, idx: mx.array, token: mx.array) -> mx.array:
     rows = src.shape[0]
     w = src.size // rows
     n = idx.size
+    assert n * w < 2**31, "one thread per value: the grid's x is a 32-bit count"
     (out,) = _kernel("gather")(
         inputs=[handle(src), idx.astype(mx.int32), token],
         template=[("W", w)],

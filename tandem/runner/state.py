@@ -101,14 +101,15 @@ class StatePool:
         self.reset()
 
     def release(self) -> None:
-        """Let go of the buffers (before the pools are allocated again: ``reset``)."""
+        """Let go of the buffers and every state made from them (before the pools are
+        allocated again, after a failure: ``reset``)."""
         self.bufs, self.flat, self.tokens = [], [], []
-
-    def reset(self) -> None:
-        self.release()
         self.resident = None
         self.held = {}
         self._new = []
+
+    def reset(self) -> None:
+        self.release()
         gc.collect()
         mx.clear_cache()
         for spec in self.specs:

@@ -88,7 +88,9 @@ def scratch(runner: ModelRunner, pages: int, slots: int) -> Iterator[None]:
             inplace=bool(saved[0] and saved[0].inplace),
             window_pages=pages if runner.max_window else 0,
         )
-        runner.state_pool = StatePool(runner.state_specs, slots) if runner.state_specs else None
+        inplace = bool(saved[1] and saved[1].inplace)  # (the real pool's write path too)
+        specs = runner.state_specs
+        runner.state_pool = StatePool(specs, slots, inplace) if specs else None
         yield
     finally:
         runner.pool, runner.state_pool = saved
