@@ -45,7 +45,8 @@ def main() -> None:
     res: dict[str, list[float]] = {"none": [], "one_block": [], "1gib_blocks": []}
     for _ in range(3):
         res["none"].append(rate())
-        big = mx.zeros((int(gb * 2**30) // 2,), mx.bfloat16)
+        # one buffer, two dimensions (MLX takes each dimension as a 32-bit int)
+        big = mx.zeros((int(gb * 2**10), 2**19), mx.bfloat16)
         mx.eval(big)
         rate()
         res["one_block"].append(rate())
