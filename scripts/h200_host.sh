@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused, rope, determinism, single, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single, hybrid, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -89,6 +89,20 @@ for part in $parts; do
       timeout 280 python3 -u -m tandem.bench.step_profile --shape $s --dtype bfloat16 --batch 1 \
         --input-len 128 --steps 96 --json "$out/profile-single-$s.json" 2>&1 \
         | grep -v "^\[transformers\]" | cut -c1-400
+    done ;;
+  hybrid)
+    # The hybrid at B = 64 (1.20x mlx-lm and 0.54 of the ceiling on 2026-12-06's H100 against
+    # 2.04x the day before): the step's phases, and the offline rows, with in-place KV and
+    # recurrent states and with MLX's scatters, each in its own process.
+    for o in on off; do
+      opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
+      timeout 200 python3 -m tandem.bench.step_profile --shape qwen3.5-2b --dtype bfloat16 \
+        --batch 16,64 --input-len 256 --steps 64 --engine-options "$opt" \
+        --json "$out/profile-hybrid-$o.json" 2>&1 | grep -v "^\[transformers\]" | cut -c1-500
+      timeout 200 python3 -m tandem.cli bench offline --shape qwen3.5-2b --dtype bfloat16 \
+        --batch-sizes 64 --input-len 256 --output-len 128 --single-tokens 128 --repeats 2 \
+        --overlap-batch 0 --ceiling --engine-options "$opt" --json "$out/offline-hybrid-$o.json" \
+        2>&1 | grep "single stream\|B=64"
     done ;;
   pool)
     # The KV pool's size (docs/benchmarks.md, "2026-12-06"): an unrelated allocation beside a
