@@ -51,6 +51,9 @@ def plain_loop(
         free()
 
 
+_streams: list = []  # the loop's stream, made once
+
+
 def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
     """The plain loop itself: ``steps`` greedy tokens per prompt (equal lengths), and the
     time its prefill ended."""
@@ -58,13 +61,20 @@ def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    y = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1, :], axis=-1)
-    mx.eval(y)
-    t_first = time.perf_counter()
-    out = []
-    for _ in range(steps):
-        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-        mx.async_eval(nxt)
-        out.append(y.tolist())
-        y = nxt
+    # On a stream of its own, as mlx-lm's generate_step and Tandem's runner are. On the
+    # default stream the loop read 4-30% below generate_step at one row in every GPU run up
+    # to 2026-12-06 (docs/benchmarks.md); the stream is the one difference we know of
+    # between the two loops (not yet measured on a GPU this way).
+    if not _streams:
+        _streams.append(mx.new_stream(mx.default_device()))
+    with mx.stream(_streams[0]):
+        y = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1, :], axis=-1)
+        mx.eval(y)
+        t_first = time.perf_counter()
+        out = []
+        for _ in range(steps):
+            nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+            mx.async_eval(nxt)
+            out.append(y.tolist())
+            y = nxt
     return [list(col) for col in zip(*out, strict=True)], t_first

@@ -24,6 +24,7 @@ from tandem.runner import (
     layers,
     recurrent_step,
     verify,
+    weight_views,
 )
 from tandem.runner.draft import DraftModel
 from tandem.runner.kv_quant import KVQuant
@@ -66,11 +67,6 @@ class Handle:
     draft_failed: bool = False
 
 
-def check_supported(model: nn.Module, model_type: str) -> list[layers.Node] | None:
-    """The model's declared cache layout; raises for cache kinds Tandem does not serve."""
-    return layers.declared_layout(model, model_type)
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -94,7 +90,7 @@ class ModelRunner:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
         (runner/static_decode.py; None: ``static_decode.default_rows``).
         ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj)."""
-        layout = check_supported(model, model_type)
+        layout = layers.declared_layout(model, model_type)  # (raises for kinds not served)
         self.model = model
         self.model_type = model_type
         self.verify = verify_layers
@@ -103,6 +99,7 @@ class ModelRunner:
         attention.install(model)
         adapters.install(model)  # model code that takes the cache offset as a number
         self.own_recurrence = gated_delta.install(model)
+        weight_views.install(model)  # after fuse_proj, which takes plain nn.Linear only
         self.batch_sequences = True  # False: the load check found (B, n) calls wrong
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
