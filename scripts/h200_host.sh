@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused, rope, determinism, single, hybrid, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single, hybrid, views, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -104,6 +104,14 @@ for part in $parts; do
         --overlap-batch 0 --ceiling --engine-options "$opt" --json "$out/offline-hybrid-$o.json" \
         2>&1 | grep "single stream\|B=64"
     done ;;
+  views)
+    # Linear layers' transposed weights made once (runner/weight_views.py; one graph node
+    # fewer per linear call): a single-stream step with and without, in turn, 2 rounds.
+    for r in 1 2; do for v in 0 1; do for s in qwen3-0.6b qwen3.5-2b; do
+      TANDEM_WEIGHT_VIEWS=$v timeout 120 python3 -m tandem.bench.step_profile --shape $s \
+        --dtype bfloat16 --batch 1 --input-len 128 --steps 128 \
+        --json "$out/views-$s-$v-$r.json" 2>&1 | grep "B=1 " | sed "s/^/views=$v $s /" | cut -c1-300
+    done; done; done ;;
   pool)
     # The KV pool's size (docs/benchmarks.md, "2026-12-06"): an unrelated allocation beside a
     # small pool, then the single stream at three pool sizes, each in its own process.
