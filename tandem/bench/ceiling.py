@@ -51,7 +51,7 @@ def plain_loop(
         free()
 
 
-_streams: list = []  # the loop's stream, made once
+_streams: dict = {}  # the loop's stream per device, made once
 
 
 def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
@@ -65,9 +65,11 @@ def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list
     # default stream the loop read 4-30% below generate_step at one row in every GPU run up
     # to 2026-12-06 (docs/benchmarks.md); the stream is the one difference we know of
     # between the two loops (not yet measured on a GPU this way).
-    if not _streams:
-        _streams.append(mx.new_stream(mx.default_device()))
-    with mx.stream(_streams[0]):
+    device = mx.default_device()
+    key = str(device)  # (a Device does not hash by value)
+    if key not in _streams:
+        _streams[key] = mx.new_stream(device)
+    with mx.stream(_streams[key]):
         y = mx.argmax(model(mx.array(prompts), cache=cache)[:, -1, :], axis=-1)
         mx.eval(y)
         t_first = time.perf_counter()

@@ -35,6 +35,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from tandem.runner import weight_views
+
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
@@ -151,7 +153,7 @@ class Part(nn.Module):
 
 def _kind(m: Any) -> tuple | None:
     """What must match for a group to fuse; None: a module this does not fuse."""
-    if type(m) is nn.Linear:
+    if type(m) in (nn.Linear, weight_views.Linear):  # (either order of the two installs)
         return ("linear", m["weight"].shape[1], m["weight"].dtype, "bias" in m)
     if type(m) is nn.QuantizedLinear:
         q = (m.group_size, m.bits, m.mode, "biases" in m, m["scales"].dtype)

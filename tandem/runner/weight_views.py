@@ -10,8 +10,9 @@ graph, then ``async_eval`` walking it).
 
 The modules stay mlx-lm's: their class becomes a subclass whose call reads the held view
 while the module's weight is still the array it was made from (anything that replaces a
-weight gets MLX's own path for it). Quantized layers have no Transpose node
-(``quantized_matmul`` takes ``transpose=True``) and are left alone.
+weight gets MLX's own path for it). A weight must not be changed in place after load (a view
+would keep its old values; nothing in Tandem or mlx-lm does that). Quantized layers have no
+Transpose node (``quantized_matmul`` takes ``transpose=True``) and are left alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ _HELD = "_tandem_weight_t"  # an instance attribute, not a module parameter
 def _transposed(module: nn.Module) -> mx.array:
     w = module["weight"]
     held = module.__dict__.get(_HELD)
-    return held[1] if held is not None and held[0] is w else w.T
+    if held is not None and held[0] is w:
+        return held[1]
+    if held is not None:  # a replaced weight: let the old one go
+        del module.__dict__[_HELD]
+    return w.T
 
 
 class Linear(nn.Linear):

@@ -31,7 +31,8 @@ def _nodes(out: mx.array) -> int:
     return sum(_count_nodes([out]).values())
 
 
-def test_same_outputs_one_node_fewer_per_linear_call():
+def test_same_outputs_one_node_fewer_per_linear_call(monkeypatch):
+    monkeypatch.delenv("TANDEM_WEIGHT_VIEWS", raising=False)
     mx.random.seed(0)
     net = _Net()
     mx.eval(net.parameters())
@@ -51,7 +52,8 @@ def test_same_outputs_one_node_fewer_per_linear_call():
     )
 
 
-def test_a_replaced_weight_is_read_not_the_old_view():
+def test_a_replaced_weight_is_read_not_the_old_view(monkeypatch):
+    monkeypatch.delenv("TANDEM_WEIGHT_VIEWS", raising=False)
     net = _Net()
     mx.eval(net.parameters())
     weight_views.install(net)
@@ -59,6 +61,7 @@ def test_a_replaced_weight_is_read_not_the_old_view():
     net.a.weight = mx.zeros_like(net.a.weight)
     out = net.a(x)
     assert np.array_equal(np.asarray(out), np.broadcast_to(np.asarray(net.a.bias), (2, 24)))
+    assert weight_views._HELD not in net.a.__dict__  # the old weight is let go
 
 
 def test_switched_off_by_the_environment(monkeypatch):
@@ -69,7 +72,8 @@ def test_switched_off_by_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_engine_installs_them_and_stays_mlx_lms_greedy(tiny_model_dir, arch):
+def test_engine_installs_them_and_stays_mlx_lms_greedy(tiny_model_dir, arch, monkeypatch):
+    monkeypatch.delenv("TANDEM_WEIGHT_VIEWS", raising=False)
     path = tiny_model_dir(arch)
     llm = LLM(str(path))
     kinds = {type(m) for _, m in llm.engine.loop.runner.model.named_modules()}
