@@ -99,7 +99,7 @@ class ModelRunner:
         attention.install(model)
         adapters.install(model)  # model code that takes the cache offset as a number
         self.own_recurrence = gated_delta.install(model)
-        weight_views.install(model)  # after fuse_proj, which takes plain nn.Linear only
+        weight_views.install(model)  # (fused projections above hold their own weights)
         self.batch_sequences = True  # False: the load check found (B, n) calls wrong
         with mx.stream(self.stream):
             self.layout, self.specs, self.state_specs, self.vocab_size = layers.probe_layers(
