@@ -93,22 +93,27 @@ for part in $parts; do
   hybrid)
     # The hybrid at B = 64 (1.20x mlx-lm and 0.54 of the ceiling on 2026-12-06's H100 against
     # 2.04x the day before): the step's phases, and the offline rows, with in-place KV and
-    # recurrent states and with MLX's scatters, each in its own process.
+    # recurrent states and with MLX's scatters, each in its own process (at most 560 s).
+    python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3.5-2b', 'bfloat16', Path('/tmp/mv'))"
     for o in on off; do
       opt='{}'; [ $o = off ] && opt='{"kv_inplace_writes": false}'
-      timeout 200 python3 -m tandem.bench.step_profile --shape qwen3.5-2b --dtype bfloat16 \
+      timeout 140 python3 -m tandem.bench.step_profile --model /tmp/mv/qwen3.5-2b --dtype bfloat16 \
         --batch 16,64 --input-len 256 --steps 64 --engine-options "$opt" \
         --json "$out/profile-hybrid-$o.json" 2>&1 | grep -v "^\[transformers\]" | cut -c1-500
-      timeout 200 python3 -m tandem.cli bench offline --shape qwen3.5-2b --dtype bfloat16 \
+      timeout 140 python3 -m tandem.cli bench offline --model /tmp/mv/qwen3.5-2b --dtype bfloat16 \
         --batch-sizes 64 --input-len 256 --output-len 128 --single-tokens 128 --repeats 2 \
         --overlap-batch 0 --ceiling --engine-options "$opt" --json "$out/offline-hybrid-$o.json" \
         2>&1 | grep "single stream\|B=64"
     done ;;
   views)
     # Linear layers' transposed weights made once (runner/weight_views.py; one graph node
-    # fewer per linear call): a single-stream step with and without, in turn, 2 rounds.
+    # fewer per linear call): a single-stream step with and without, in turn, 2 rounds (at
+    # most 560 s; the random models are written first, outside the timed runs).
+    for s in qwen3-0.6b qwen3.5-2b; do
+      python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('$s', 'bfloat16', Path('/tmp/mv'))"
+    done
     for r in 1 2; do for v in 0 1; do for s in qwen3-0.6b qwen3.5-2b; do
-      TANDEM_WEIGHT_VIEWS=$v timeout 120 python3 -m tandem.bench.step_profile --shape $s \
+      TANDEM_WEIGHT_VIEWS=$v timeout 70 python3 -m tandem.bench.step_profile --model /tmp/mv/$s \
         --dtype bfloat16 --batch 1 --input-len 128 --steps 128 \
         --json "$out/views-$s-$v-$r.json" 2>&1 | grep "B=1 " | sed "s/^/views=$v $s /" | cut -c1-300
     done; done; done ;;
