@@ -106,8 +106,7 @@ def _check_state_stores(plan: StepPlan) -> None:
     readers: dict[int, set[str]] = {}
     for seg in plan.segments:
         if seg.state_slot >= 0:
-            src = seg.state_src if seg.state_src >= 0 else seg.state_slot
-            readers.setdefault(src, set()).add(seg.request_id)
+            readers.setdefault(seg.state_read, set()).add(seg.request_id)
     for seg in plan.segments:
         stores = [seg.state_slot, seg.state_backup, *(slot for _, slot in seg.snapshots)]
         for slot in stores:

@@ -64,6 +64,12 @@ class Segment:
         return self.parent_row >= 0
 
     @property
+    def state_read(self) -> int:
+        """The slot this segment's recurrent state is read from: ``state_src`` where set
+        (a prefix hit's snapshot, a rolled-back verify's backup), else its own slot."""
+        return self.state_src if self.state_src >= 0 else self.state_slot
+
+    @property
     def later_rows(self) -> range:
         """A verify segment's sample rows after its first: row ``sample_row + i`` samples
         after the first ``i`` proposals (empty for any other segment)."""

@@ -24,12 +24,6 @@ def slots(values: list[int]) -> mx.array:
     return mx.array(values, dtype=mx.int32)
 
 
-def _source(seg: Segment) -> int:
-    """The slot a segment's state is read from: a prefix hit's snapshot or a rolled-back
-    verify's backup, else its own."""
-    return seg.state_src if seg.state_src >= 0 else seg.state_slot
-
-
 def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
     """A model with recurrent layers: one call on the step's single-token segments (each
     row its request's state; one more for those starting at 0) and one per piece of each
@@ -77,7 +71,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
         write = slots([seg.state_slot for seg in segs])
         # Nothing to read: sequences starting at 0, or the resident states of these rows.
         resident = initial is not None and not fresh
-        read = None if fresh or resident else Reads(sp, [_source(seg) for seg in segs])
+        read = None if fresh or resident else Reads(sp, [seg.state_read for seg in segs])
         assert all(pos == seg.end for seg in segs for pos, _ in seg.snapshots)
         assert all(seg.state_backup < 0 and not seg.state_positions for seg in segs), (
             "a verify of one token"
@@ -161,7 +155,7 @@ def _sequences(
         if a:
             read = Reads(sp, own)
         elif segs[0].start:
-            read = Reads(sp, [_source(seg) for seg in segs])
+            read = Reads(sp, [seg.state_read for seg in segs])
         copies = [
             (r, snap[seg.start + b])
             for r, (seg, snap) in enumerate(zip(segs, snaps, strict=True))
