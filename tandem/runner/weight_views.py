@@ -13,6 +13,14 @@ while the module's weight is still the array it was made from (anything that rep
 weight gets MLX's own path for it). A weight must not be changed in place after load (a view
 would keep its old values; nothing in Tandem or mlx-lm does that). Quantized layers have no
 Transpose node (``quantized_matmul`` takes ``transpose=True``) and are left alone.
+
+A batch of one row (``x`` of shape (1, L, D): a single stream's step, a prefill chunk) reads a
+second view, (1, D, N): MLX's ``matmul`` flattens a 3-D ``x`` against a 2-D weight (a Flatten
+and an Unflatten node around the Matmul), while two 3-D operands of batch 1 are one Matmul
+node. The kernel and its arguments are the same (one GEMM or GEMV of M = L rows on the CPU and
+in MLX's CUDA matmul, which collapses a batch of one), so the output is bitwise equal. A step
+of T rows feeds (T, 1, D): against (1, D, N) that would be a broadcast weight, which MLX's
+CPU matmul runs as T products of one row each; it keeps the 2-D view.
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ import mlx.nn as nn
 _HELD = "_tandem_weight_t"  # an instance attribute, not a module parameter
 
 
-def _transposed(module: nn.Module) -> mx.array:
+def _transposed(module: nn.Module, x: mx.array) -> mx.array:
+    """The weight's transpose for ``x @``: the held 3-D view for a batch of one row, else
+    the 2-D one (or MLX's own ``weight.T`` once the weight was replaced)."""
     w = module["weight"]
     held = module.__dict__.get(_HELD)
     if held is not None and held[0] is w:
-        return held[1]
+        return held[2] if x.ndim == 3 and x.shape[0] == 1 else held[1]
     if held is not None:  # a replaced weight: let the old one go
         del module.__dict__[_HELD]
     return w.T
@@ -37,32 +47,35 @@ def _transposed(module: nn.Module) -> mx.array:
 
 class Linear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
-        wt = _transposed(self)
+        wt = _transposed(self, x)
         return mx.addmm(self["bias"], x, wt) if "bias" in self else x @ wt
 
 
 class Embedding(nn.Embedding):
     def as_linear(self, x: mx.array) -> mx.array:
-        return x @ _transposed(self)
+        return x @ _transposed(self, x)
 
 
 _CLASSES: dict[type, type] = {nn.Linear: Linear, nn.Embedding: Embedding}
 
 
 def install(model: nn.Module) -> int:
-    """Give every plain ``nn.Linear`` and ``nn.Embedding`` of ``model`` its transposed weight,
-    evaluated; returns how many (none with ``TANDEM_WEIGHT_VIEWS=0``, for comparisons)."""
+    """Give every plain ``nn.Linear`` and ``nn.Embedding`` of ``model`` its transposed weight
+    views, evaluated; returns how many modules (none with ``TANDEM_WEIGHT_VIEWS=0``, for
+    comparisons)."""
     if os.environ.get("TANDEM_WEIGHT_VIEWS") == "0":
         return 0
-    views = []
+    views: list[mx.array] = []
+    modules = 0
     for _, m in model.named_modules():
         cls = _CLASSES.get(type(m))
         if cls is None:
             continue
         w = m["weight"]
         wt = w.T
-        m.__dict__[_HELD] = (w, wt)
+        views += [wt, wt[None]]
+        m.__dict__[_HELD] = (w, *views[-2:])
         m.__class__ = cls
-        views.append(wt)
+        modules += 1
     mx.eval(views)
-    return len(views)
+    return modules

@@ -63,8 +63,6 @@ class Server:
         name: str = "tiny",
         kv_budget_tokens: int | None = None,
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable,
             "-m",
@@ -73,7 +71,7 @@ class Server:
             "--model",
             str(model),
             "--port",
-            str(self.port),
+            "0",  # the server binds a free port itself and names it (no race with others)
             "--served-model-name",
             name,
             *(["--debug-invariants"] if debug_invariants else []),
@@ -99,6 +97,8 @@ class Server:
                 raise RuntimeError("server exited:\n" + "".join(self.log))
             self.log.append(line)
             if "tandem: serving" in line:
+                self.url = line.split(" on ", 1)[1].strip()
+                self.port = int(self.url.rsplit(":", 1)[1])
                 # Keep draining its output so a chatty server never blocks on a full pipe.
                 threading.Thread(target=self._drain, daemon=True).start()
                 return
