@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused, rope, determinism, single, hybrid, views, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single, hybrid, views, viewsexact, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -117,6 +117,12 @@ for part in $parts; do
         --dtype bfloat16 --batch 1 --input-len 128 --steps 128 \
         --json "$out/views-$s-$v-$r.json" 2>&1 | grep "B=1 " | sed "s/^/views=$v $s /" | cut -c1-300
     done; done; done ;;
+  viewsexact)
+    # The views against none in bf16: the first differing token per prompt, alone and batched
+    # (the batch-one views run the same GEMM: none is expected).
+    python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3-0.6b', 'bfloat16', Path('/tmp/mv'))"
+    WHAT=views timeout 300 python3 scripts/fused_divergence.py /tmp/mv/qwen3-0.6b \
+      "$out/views-divergence-qwen3-0.6b.json" 4 128 2>&1 | tail -1 ;;
   pool)
     # The KV pool's size (docs/benchmarks.md, "2026-12-06"): an unrelated allocation beside a
     # small pool, then the single stream at three pool sizes, each in its own process.
