@@ -84,3 +84,12 @@ def test_engine_installs_them_and_stays_mlx_lms_greedy(tiny_model_dir, arch, mon
     prompt = [5 + (3 * j) % 200 for j in range(20)]
     out = llm.generate([prompt], greedy(16))[0]
     assert out.token_ids == reference(path, prompt, 16)
+
+
+def test_the_views_share_the_weights_memory(monkeypatch):
+    monkeypatch.delenv("TANDEM_WEIGHT_VIEWS", raising=False)
+    net = nn.Linear(512, 1024, bias=False)
+    mx.eval(net.parameters())
+    before = mx.get_active_memory()
+    assert weight_views.install(net) == 1
+    assert mx.get_active_memory() - before < net.weight.nbytes // 8  # views, no copies
