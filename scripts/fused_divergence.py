@@ -3,10 +3,11 @@ per prompt, each prompt alone (single-stream steps) and all together (batched st
 bf16 on a GPU may round a reordered product differently; float32 on the CPU should not
 differ at all, nor should a change that runs the same kernels (the weight views).
 
-    [WHAT=fused|views] python scripts/fused_divergence.py MODEL_DIR OUT.json [PROMPTS] [TOKENS]
+    [WHAT=...] python scripts/fused_divergence.py MODEL_DIR OUT.json [PROMPTS] [TOKENS]
 
 WHAT=fused (the default): ``fuse_projections`` 0 against 1 (runner/fused_proj.py).
 WHAT=views: ``TANDEM_WEIGHT_VIEWS=0`` against the default (runner/weight_views.py).
+WHAT=compiled: ``compile_decode=0`` against the default (runner/static_decode.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import sys
 
 
 def run(model: str, what: str, on: bool, prompts: int, tokens: int) -> dict[str, list]:
-    options = f"fuse_projections={int(on)}" if what == "fused" else ""
+    options = {
+        "fused": f"fuse_projections={int(on)}",
+        "views": "",
+        "compiled": "" if on else "compile_decode=0",
+    }[what]
     env = dict(os.environ)
     env.pop("TANDEM_WEIGHT_VIEWS", None)
     if what == "views" and not on:
@@ -52,7 +57,7 @@ def main() -> None:
     prompts = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 128
     what = os.environ.get("WHAT", "fused")
-    assert what in ("fused", "views"), what
+    assert what in ("fused", "views", "compiled"), what
     off, on = (run(model, what, flag, prompts, tokens) for flag in (False, True))
     result = {
         "model": model,

@@ -3,7 +3,7 @@
 # host time goes on the Qwen3-8B shape with and without them, and with compiled decode steps. After staging
 # (scripts/gpu_stage_serving.sh, its two device calls), in the second call or later:
 #   export PYTHONPATH=/tmp/site:$PWD; PARTS="check profile offline http" bash scripts/h200_host.sh DIR
-# (PARTS also: crossover, fused, rope, determinism, single, hybrid, views, viewsexact, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
+# (PARTS also: crossover, fused, rope, determinism, single, hybrid, views, viewsexact, hybridc, pool, ops.) SHAPE=qwen3-0.6b (a bench shape) instead of the 8B one
 # (for the fused part's files, named by the shape; the others keep "8b" in their names).
 set -u
 out=${1:-${OUT:-/tmp}/host}
@@ -117,6 +117,22 @@ for part in $parts; do
         --dtype bfloat16 --batch 1 --input-len 128 --steps 128 \
         --json "$out/views-$s-$v-$r.json" 2>&1 | grep "B=1 " | sed "s/^/views=$v $s /" | cut -c1-300
     done; done; done ;;
+  hybridc)
+    # Compiled steps on the hybrid (its rows' resident recurrent states as the trace's inputs
+    # and outputs): a step of 1 and 4 rows compiled and not, the offline single stream
+    # beside mlx-lm each way, and the first bf16 token where compiled output differs.
+    python3 -c "from pathlib import Path; from tandem.bench.offline import make_model; make_model('qwen3.5-2b', 'bfloat16', Path('/tmp/mv'))"
+    for c in 0 def; do
+      opt='{}'; [ $c = 0 ] && opt='{"compile_decode": 0}'
+      timeout 100 python3 -m tandem.bench.step_profile --model /tmp/mv/qwen3.5-2b --dtype bfloat16 \
+        --batch 1,4 --input-len 128 --steps 96 --engine-options "$opt" \
+        --json "$out/hybridc-profile-$c.json" 2>&1 | grep "ms/step" | sed "s/^/compile=$c /" | cut -c1-300
+      timeout 100 python3 -m tandem.cli bench offline --model /tmp/mv/qwen3.5-2b --dtype bfloat16 \
+        --batch-sizes "" --single-tokens 256 --repeats 3 --overlap-batch 0 --engine-options "$opt" \
+        --json "$out/hybridc-offline-$c.json" 2>&1 | grep "single stream" | sed "s/^/compile=$c /"
+    done
+    WHAT=compiled timeout 150 python3 scripts/fused_divergence.py /tmp/mv/qwen3.5-2b \
+      "$out/compiled-divergence-qwen3.5-2b.json" 4 128 2>&1 | tail -1 ;;
   viewsexact)
     # The views against none in bf16: the first differing token per prompt, alone and batched
     # (the batch-one views run the same GEMM: none is expected).

@@ -314,13 +314,15 @@ class ModelRunner:
     def forward(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
         assert self.pool is not None
+        if self.state_pool is not None:
+            self.state_pool.forget(plan.released_states)
+        if self.static is not None and self.static.applies(plan.segments, head):
+            try:
+                return self.static.forward(plan.segments, inputs)
+            except Exception as e:  # noqa: BLE001 - e.g. model code a trace cannot run
+                log.warning("compiled decode steps off (%s: %s)", type(e).__name__, e)
+                self.static = None
         if self.state_pool is None:
-            if self.static is not None and self.static.applies(plan.segments, head):
-                try:
-                    return self.static.forward(plan.segments, inputs)
-                except Exception as e:  # noqa: BLE001 - e.g. model code a trace cannot run
-                    log.warning("compiled decode steps off (%s: %s)", type(e).__name__, e)
-                    self.static = None
             ctx = self.context(plan.segments)
             self.pool.begin_step(ctx.group_slots)
             return self.call(ctx, inputs[:, None], head)

@@ -30,8 +30,7 @@ def forward(runner: ModelRunner, plan: StepPlan, inputs: mx.array, head: list[in
     group of multi-token segments cut alike (``_batches``, ``_sequences``); the head rows'
     logits back in ``head`` order."""
     sp = runner.state_pool
-    assert sp is not None
-    sp.forget(plan.released_states)
+    assert sp is not None  # (the runner let go of the plan's released states)
     starts, t = [], 0
     for seg in plan.segments:
         starts.append(t)

@@ -226,7 +226,7 @@ class StepState(ArraysCache):
         self,
         pool: StatePool,
         layer: int,
-        write: mx.array,
+        write: mx.array | None,
         read: Reads | None,
         copies: tuple[mx.array, mx.array] | None = None,
         *,
@@ -266,6 +266,7 @@ class StepState(ArraysCache):
             new = new.astype(buf.dtype)
             kept.append(new)
             if self.keep is None:
+                assert self.write is not None, "states neither kept nor written"
                 self.pool.put(self.layer, k, self.write, new)
             if self.copies is not None:
                 rows, slots = self.copies
@@ -277,3 +278,61 @@ class StepState(ArraysCache):
                 held.values[self.layer][k] = [v.astype(buf.dtype) for v in per]
         if self.keep is not None:
             self.keep[self.layer] = kept
+
+
+# Compiled decode steps (runner/static_decode.py) of a model with recurrent layers: a step
+# whose rows' states are all resident takes them as inputs of the trace and hands back the
+# next ones, which stay resident; the pool's slots are not touched, as in the uncompiled
+# step it stands for.
+
+
+def steady(pool: StatePool | None, segments) -> bool:
+    """Whether these single-token rows' states are all resident (the rows of the decode
+    step before, in its order) and the step reads, keeps and copies nothing else: none
+    starts a sequence, reads another slot or takes a snapshot. Always, without states."""
+    if pool is None:
+        return True
+    return (
+        pool.resident is not None
+        and pool.resident[0] == tuple(s.state_slot for s in segments)
+        and all(
+            s.start > 0 and s.state_src < 0 and s.state_backup < 0 and not s.snapshots
+            for s in segments
+        )
+    )
+
+
+def resident_inputs(pool: StatePool) -> list[mx.array]:
+    """The resident states, layer by layer and array by array (a compiled step's inputs)."""
+    assert pool.resident is not None
+    return [x for layer in pool.resident[1] for x in layer or () if x is not None]
+
+
+def resident_caches(pool: StatePool, initial: tuple[mx.array, ...], keep: list) -> list[StepState]:
+    """Inside a trace: each recurrent layer's cache given its rows' states ``initial`` (in
+    ``resident_inputs``' order), keeping the next ones in ``keep``."""
+    assert pool.resident is not None
+    keep[:] = [None] * len(pool.specs)
+    given = iter(initial)
+    caches = []
+    for j, layer in enumerate(pool.resident[1]):
+        init = None if layer is None else [None if x is None else next(given) for x in layer]
+        caches.append(StepState(pool, j, None, None, initial=init, keep=keep))
+    return caches
+
+
+def kept_outputs(keep: list) -> list[mx.array]:
+    """The states a traced step kept, in ``resident_inputs``' order (its last outputs)."""
+    return [x for layer in keep for x in layer or () if x is not None]
+
+
+def make_resident(pool: StatePool, segments, new: list[mx.array]) -> None:
+    """After a compiled step: its rows' next states ``new`` become the resident ones."""
+    assert pool.resident is not None
+    given = iter(new)
+    states = [
+        None if layer is None else [None if x is None else next(given) for x in layer]
+        for layer in pool.resident[1]
+    ]
+    assert next(given, None) is None, "a compiled step kept more states than it read"
+    pool.resident = (tuple(s.state_slot for s in segments), states)

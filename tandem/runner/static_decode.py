@@ -4,8 +4,11 @@ On MLX's CUDA backend a decode step is host-bound: building the model's graph in
 (every layer's modules, our cache objects and seam) costs about as much as submitting it.
 A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
 to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
-prompt log-probabilities or draft), on models whose layers are all paged attention on float
-pages: full, sliding windows and chunks (no MLA rows, recurrent state or quantized pages).
+prompt log-probabilities or draft), on models whose attention layers are all paged, on float
+pages: full, sliding windows and chunks (no MLA rows or quantized pages). Recurrent layers
+(hybrids) take part where every row's state is resident (``runner.state``: the rows of the
+step before, in its order, none starting a sequence or taking a snapshot): the trace takes
+those states and returns the next ones, which stay resident; such steps are not padded.
 Windowed and chunked layers read each row's pages from the one holding its first key, in
 tables of the most pages their span covers (or the full tables' width, if less), through
 the gather path as uncompiled steps do, and write into the window page group where there
@@ -41,7 +44,7 @@ import mlx.core as mx
 import numpy as np
 
 from tandem.engine.plan import Segment
-from tandem.runner import kernels
+from tandem.runner import kernels, state
 from tandem.runner.step_context import AttnView, first_key, slot, table_head_rows
 
 if TYPE_CHECKING:
@@ -216,18 +219,26 @@ class StaticDecode:
     def eligible(runner) -> bool:
         pool = runner.pool
         return (
-            not runner.state_specs
-            and pool is not None
+            pool is not None
             and runner.kv_quant is None
-            and all(not (s.dense or s.unused) for s in runner.specs)
+            and all(not s.dense for s in runner.specs)
+            # (layers without attention: those with recurrent states)
+            and (bool(runner.state_specs) or all(not s.unused for s in runner.specs))
         )
+
+    def rows(self, n: int) -> int:
+        """The rows a step of ``n`` runs as: ``bucket(n)``; exactly ``n`` with recurrent
+        states (the resident states are the rows')."""
+        return n if self.runner.state_pool is not None else bucket(n)
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
         if len(segments) > self.runner.compile_decode:
             return False
         if not all(s.num_tokens == 1 and s.draft < 0 for s in segments):
             return False
-        if self.runner.pool.pending() > bucket(len(segments)):
+        if not state.steady(self.runner.state_pool, segments):
+            return False
+        if self.runner.pool.pending() > self.rows(len(segments)):
             return False  # (two buffer sets, after a bigger step: its replay runs uncompiled)
         if head != list(range(len(segments))):
             return False
@@ -245,7 +256,7 @@ class StaticDecode:
         pool = r.pool
         p = pool.page_size
         n = len(segments)
-        m = bucket(n)  # rows past n: position 0 over page 0, written to slot -1 (scratch)
+        m = self.rows(n)  # rows past n: position 0 over page 0, written to slot -1 (scratch)
         starts = np.zeros(m, dtype=np.int64)
         starts[:n] = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
         used = starts // p + 1
@@ -270,6 +281,8 @@ class StaticDecode:
         # (runner/paged.py); otherwise the buffers themselves, and with two buffer sets
         # the previous step's writes this set replays.
         lags: list[mx.array] = []
+        sp = r.state_pool  # the rows' resident states, in; their next ones, out
+        states = [] if sp is None else state.resident_inputs(sp)
         before = pool.step_state()  # (a failure here leaves the uncompiled path its pool)
         try:
             if pool.inplace:
@@ -293,6 +306,7 @@ class StaticDecode:
                 work.offsets,
                 work.dims,
                 *windows,
+                *states,
                 *bufs,
                 *lags,
             )
@@ -300,6 +314,9 @@ class StaticDecode:
             pool.restore_step(before)
             raise
         self.replays += self.traces == traces
+        if sp is not None and states:
+            state.make_resident(sp, segments, list(outs[len(outs) - len(states) :]))
+            outs = outs[: len(outs) - len(states)]
         k = len(bufs)
         written = list(outs[1 : 1 + k])
         if pool.inplace:
@@ -383,6 +400,9 @@ class StaticDecode:
             for j, span in enumerate(self.spans)
         }
         rest = rest[k:]
+        sp = r.state_pool
+        ns = 0 if sp is None else len(state.resident_inputs(sp))
+        initial, rest = rest[:ns], rest[ns:]
         nbuf = len(pool.specs)
         bufs, lags = rest[:nbuf], rest[nbuf:]
         cur = pool.current
@@ -412,11 +432,16 @@ class StaticDecode:
             group = _Group(tables, lengths, work, pool.page_size)
             window_slots = wslots if pool.window_pages else slots
             ctx = _Context(positions, slots, group, kernel, window_slots, spans)
-            logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])))
+            keep: list = []
+            caches = None if sp is None else state.resident_caches(sp, initial, keep)
+            logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])), caches)
             self.traces += 1
             written = list(pool.tokens) if pool.inplace else list(pool.sets[cur])
             if lags:  # this step's own entries per layer, for the other set
                 written += [pool.written(pool.group[i])[i][0] for i in range(nbuf)]
+            kept = state.kept_outputs(keep)
+            assert len(kept) == ns, "a compiled step keeps the states it reads"
+            written += kept
         finally:  # the caller stores what the step returns; no tracer stays behind
             pool.sets[cur], pool.tokens = saved, saved_tokens
             pool.restore_step(saved_step)

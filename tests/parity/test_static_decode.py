@@ -56,8 +56,7 @@ def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
 
 
 def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_model_dir):
-    for t in ("deepseek_v3", "qwen3_next"):  # MLA rows, recurrent
-        assert _llm(family_model_dir(t)).engine.loop.runner.static is None
+    assert _llm(family_model_dir("deepseek_v3")).engine.loop.runner.static is None  # MLA rows
     assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
 
 
@@ -229,3 +228,31 @@ def test_the_probe_says_no_where_mlx_does_not_compile():
         mx.enable_compile()
         static_decode.cpu_compiler.cache_clear()
     assert static_decode.cpu_compiler() is (shutil.which("g++") is not None)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "falcon_h1"])
+@pytest.mark.parametrize(("overlap", "double"), [(True, False), (False, False), (True, True)])
+def test_hybrids_compiled_match_mlx_lm(family_model_dir, model_type, overlap, double):
+    """Recurrent layers in a compiled step: rows whose states are all resident replay a trace
+    that takes those states and returns the next ones; rows joining and leaving, stops,
+    aborts, prefix hits (snapshots at page boundaries) and chunked prompts run uncompiled
+    between. Every output equals mlx-lm's, and most steady steps replay."""
+    path = family_model_dir(model_type)
+    llm = _llm(
+        path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4, kv_double_buffer=double
+    )
+    runner = llm.engine.loop.runner
+    assert runner.state_pool is not None and runner.static is not None
+    run_staggered(llm, path, random.Random(model_type))
+    assert runner.static.replays > runner.static.traces > 0
+
+
+def test_a_hybrid_single_stream_replays_its_trace(family_model_dir):
+    """One request: after its prompt every step replays (a snapshot step at each page
+    boundary runs uncompiled), its states resident throughout, equal to mlx-lm's."""
+    path = family_model_dir("qwen3_next")
+    llm = _llm(path, kv_page_size=16)
+    prompt = [7, 3, 99, 250, 14]
+    assert llm.generate([prompt], greedy(120))[0].token_ids == reference(path, prompt, 120)
+    static = llm.engine.loop.runner.static
+    assert static.traces <= 3 and static.replays >= 100
