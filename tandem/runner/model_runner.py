@@ -213,7 +213,8 @@ class ModelRunner:
                 verify.against_mlx_lm(self, self.model_type)
             eligible = StaticDecode.eligible(self)  # (the CPU's probe only where it is)
             if self.compile_decode is None:
-                self.compile_decode = default_rows(self.pool.inplace) if eligible else 0
+                rows = default_rows(self.pool.inplace, kv=bool(self.specs))
+                self.compile_decode = rows if eligible else 0
             if self.compile_decode and eligible:
                 self.static = StaticDecode(self)
                 log.info("compiled decode steps of up to %d rows", self.compile_decode)

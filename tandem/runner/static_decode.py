@@ -65,11 +65,11 @@ GPU_ROWS = 8
 CPU_ROWS = 4
 
 
-def default_rows(inplace: bool) -> int:
+def default_rows(inplace: bool, kv: bool = True) -> int:
     """Rows compiled where ``compile_decode`` is not given: ``GPU_ROWS`` with in-place writes
-    (CUDA); ``CPU_ROWS`` on the CPU where MLX compiles (``cpu_compiler``);
-    else none (docs/benchmarks.md)."""
-    if inplace:
+    (CUDA), or on a GPU for a model without KV layers (nothing to write); ``CPU_ROWS`` on the
+    CPU where MLX compiles (``cpu_compiler``); else none (docs/benchmarks.md)."""
+    if inplace or (not kv and mx.default_device() != mx.cpu):
         return GPU_ROWS
     if mx.default_device() == mx.cpu and cpu_compiler():
         return CPU_ROWS
@@ -221,9 +221,7 @@ class StaticDecode:
         return (
             pool is not None
             and runner.kv_quant is None
-            and all(not s.dense for s in runner.specs)
-            # (layers without attention: those with recurrent states)
-            and (bool(runner.state_specs) or all(not s.unused for s in runner.specs))
+            and all(not (s.dense or s.unused) for s in runner.specs)
         )
 
     def rows(self, n: int) -> int:
@@ -242,13 +240,13 @@ class StaticDecode:
             return False  # (two buffer sets, after a bigger step: its replay runs uncompiled)
         if head != list(range(len(segments))):
             return False
-        if self.runner.decode_kernel:
+        if self.runner.decode_kernel or not self.runner.specs:  # (no KV: nothing gathered)
             return True
         # The gather path reads every row's table out to the longest row's: not where that
         # would more than double the keys read (ragged batches run uncompiled, grouped).
         p = self.runner.pool.page_size
         keys = table_width(max(s.start for s in segments), p) * p
-        return bucket(len(segments)) * keys <= 2 * sum(s.start + p for s in segments) + 1024
+        return self.rows(len(segments)) * keys <= 2 * sum(s.start + p for s in segments) + 1024
 
     def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
         """The logits of every row, (T, vocab)."""
@@ -260,12 +258,15 @@ class StaticDecode:
         starts = np.zeros(m, dtype=np.int64)
         starts[:n] = np.fromiter((s.start for s in segments), dtype=np.int64, count=n)
         used = starts // p + 1
-        width = table_width(int(starts.max()), p)
+        # (A model without KV layers, all recurrent, reads no tables: one fixed width.)
+        width = table_width(int(starts.max()), p) if r.specs else WIDTH_STEP
         tables = np.zeros((m, width), dtype=np.int32)
-        for i, s in enumerate(segments):
-            tables[i, : used[i]] = s.pages[: used[i]]
-        slots = tables[np.arange(m), starts // p] * p + (starts % p)
-        slots[n:] = -1
+        slots = np.full(m, -1, dtype=np.int64)
+        if r.specs:
+            for i, s in enumerate(segments):
+                tables[i, : used[i]] = s.pages[: used[i]]
+            slots = tables[np.arange(m), starts // p] * p + (starts % p)
+            slots[n:] = -1
         lengths = starts + 1
         windows, wslots = self._windows(segments, starts, m, width)
         if m > n:
@@ -314,7 +315,8 @@ class StaticDecode:
             pool.restore_step(before)
             raise
         self.replays += self.traces == traces
-        if sp is not None and states:
+        if sp is not None:
+            assert states, "a recurrent model's steady rows have resident states"
             state.make_resident(sp, segments, list(outs[len(outs) - len(states) :]))
             outs = outs[: len(outs) - len(states)]
         k = len(bufs)

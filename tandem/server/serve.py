@@ -40,9 +40,11 @@ async def _serve(config: EngineConfig, host: str, port: int, settings: ServerSet
     async def announce() -> None:
         while not server.started:
             await asyncio.sleep(0.05)
-        # The port bound, which ``--port 0`` leaves to the system (tests, side-by-side runs).
+        # The port bound, which ``--port 0`` leaves to the system (tests, side-by-side runs;
+        # a host of several addresses then gets one port each: the first is named).
         bound = [s.getsockname()[1] for srv in server.servers for s in srv.sockets or ()]
-        url = f"http://{host}:{bound[0] if bound else port}"
+        name = f"[{host}]" if ":" in host else host
+        url = f"http://{name}:{bound[0] if bound else port}"
         print(f"tandem: serving {settings.served_model_name} on {url}", flush=True)
 
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal with the handlers it found

@@ -97,8 +97,8 @@ class Server:
                 raise RuntimeError("server exited:\n" + "".join(self.log))
             self.log.append(line)
             if "tandem: serving" in line:
-                self.url = line.split(" on ", 1)[1].strip()
-                self.port = int(self.url.rsplit(":", 1)[1])
+                self.port = int(line.rsplit(":", 1)[1])  # (the server binds 127.0.0.1)
+                self.url = f"http://127.0.0.1:{self.port}"
                 # Keep draining its output so a chatty server never blocks on a full pipe.
                 threading.Thread(target=self._drain, daemon=True).start()
                 return

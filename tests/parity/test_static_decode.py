@@ -231,18 +231,18 @@ def test_the_probe_says_no_where_mlx_does_not_compile():
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "falcon_h1"])
-@pytest.mark.parametrize(("overlap", "double"), [(True, False), (False, False), (True, True)])
-def test_hybrids_compiled_match_mlx_lm(family_model_dir, model_type, overlap, double):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_hybrids_compiled_match_mlx_lm(family_model_dir, model_type, overlap):
     """Recurrent layers in a compiled step: rows whose states are all resident replay a trace
     that takes those states and returns the next ones; rows joining and leaving, stops,
     aborts, prefix hits (snapshots at page boundaries) and chunked prompts run uncompiled
-    between. Every output equals mlx-lm's, and most steady steps replay."""
+    between. Every output equals mlx-lm's, and most steady steps replay. (Models with
+    recurrent states keep one KV buffer set.)"""
     path = family_model_dir(model_type)
-    llm = _llm(
-        path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4, kv_double_buffer=double
-    )
+    llm = _llm(path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4)
     runner = llm.engine.loop.runner
     assert runner.state_pool is not None and runner.static is not None
+    assert runner.pool.num_sets == 1
     run_staggered(llm, path, random.Random(model_type))
     assert runner.static.replays > runner.static.traces > 0
 
@@ -256,3 +256,15 @@ def test_a_hybrid_single_stream_replays_its_trace(family_model_dir):
     assert llm.generate([prompt], greedy(120))[0].token_ids == reference(path, prompt, 120)
     static = llm.engine.loop.runner.static
     assert static.traces <= 3 and static.replays >= 100
+
+
+def test_an_all_recurrent_model_traces_one_table_width(family_model_dir):
+    """mamba2 has no KV layers: its steps read no page tables, so a row growing past pages
+    of 4 positions keeps one trace (tables of one fixed width)."""
+    path = family_model_dir("mamba2")
+    llm = _llm(path, kv_page_size=4)
+    assert not llm.engine.loop.runner.specs
+    prompt = [5, 9, 200, 31]
+    assert llm.generate([prompt], greedy(60))[0].token_ids == reference(path, prompt, 60)
+    static = llm.engine.loop.runner.static
+    assert static.traces == 1 and static.replays >= 30
