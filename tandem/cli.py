@@ -277,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument(
+        "--port", type=int, default=8000, help="0: a free port, named in the 'serving' line"
+    )
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (not on /health)")
     s.add_argument("--served-model-name")
     s.add_argument(
