@@ -277,6 +277,12 @@ def test_dashboard_plots_move_under_load(page, server):
                  Number(document.getElementById('chart-' + n).dataset.max) > 0)""",
             timeout=TIMEOUT_MS,
         )
+        # New points arrive once a second; on two busy cores a poll may take longer than
+        # that (a fixed 1.5 s here once saw none).
+        page.wait_for_function(
+            f"Number(document.getElementById('chart-tps').dataset.points) > {before}",
+            timeout=TIMEOUT_MS,
+        )
         time.sleep(1.5)
     finally:
         stop.set()
