@@ -302,37 +302,43 @@ def steady(pool: StatePool | None, segments) -> bool:
     )
 
 
+def _flat(layers: list[list[mx.array | None] | None]) -> list[mx.array]:
+    return [x for layer in layers for x in layer or () if x is not None]
+
+
+def _shaped(pool: StatePool, values) -> list[list[mx.array | None] | None]:
+    """``values`` (an iterator, in ``_flat`` order) laid out as the resident states are."""
+    assert pool.resident is not None
+    return [
+        None if layer is None else [None if x is None else next(values) for x in layer]
+        for layer in pool.resident[1]
+    ]
+
+
 def resident_inputs(pool: StatePool) -> list[mx.array]:
     """The resident states, layer by layer and array by array (a compiled step's inputs)."""
     assert pool.resident is not None
-    return [x for layer in pool.resident[1] for x in layer or () if x is not None]
+    return _flat(pool.resident[1])
 
 
 def resident_caches(pool: StatePool, initial: tuple[mx.array, ...], keep: list) -> list[StepState]:
     """Inside a trace: each recurrent layer's cache given its rows' states ``initial`` (in
     ``resident_inputs``' order), keeping the next ones in ``keep``."""
-    assert pool.resident is not None
     keep[:] = [None] * len(pool.specs)
-    given = iter(initial)
-    caches = []
-    for j, layer in enumerate(pool.resident[1]):
-        init = None if layer is None else [None if x is None else next(given) for x in layer]
-        caches.append(StepState(pool, j, None, None, initial=init, keep=keep))
-    return caches
+    return [
+        StepState(pool, j, None, None, initial=init, keep=keep)
+        for j, init in enumerate(_shaped(pool, iter(initial)))
+    ]
 
 
 def kept_outputs(keep: list) -> list[mx.array]:
     """The states a traced step kept, in ``resident_inputs``' order (its last outputs)."""
-    return [x for layer in keep for x in layer or () if x is not None]
+    return _flat(keep)
 
 
 def make_resident(pool: StatePool, segments, new: list[mx.array]) -> None:
     """After a compiled step: its rows' next states ``new`` become the resident ones."""
-    assert pool.resident is not None
     given = iter(new)
-    states = [
-        None if layer is None else [None if x is None else next(given) for x in layer]
-        for layer in pool.resident[1]
-    ]
+    states = _shaped(pool, given)
     assert next(given, None) is None, "a compiled step kept more states than it read"
     pool.resident = (tuple(s.state_slot for s in segments), states)
