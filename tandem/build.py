@@ -308,7 +308,9 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
         decode_kernel=config.kv_decode_kernel,
         kv_quant=KVQuant.parse(config.kv_cache_dtype),
         inplace_writes=config.kv_inplace_writes,
-        compile_decode=0,  # (its steps are proposals and catch-up chunks, not compiled)
+        # Its proposals after the first are steps of single-token rows, as a steady decode's:
+        # compiled where the target's would be (runner/static_decode.py).
+        compile_decode=config.compile_decode,
         fuse_projections=config.fuse_projections,
     )
     if runner.recurrent:

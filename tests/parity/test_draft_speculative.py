@@ -61,6 +61,11 @@ def test_long_accepted_runs_cross_pages(tiny_model_dir):
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == reference(path, prompt, 64)
     assert llm.engine.loop.num_steps < 3 * 64 / 3  # about K + 1 tokens a step
+    # The draft's proposals after the first are single-token steps, compiled where MLX
+    # compiles (runner/static_decode.py): most replay a trace.
+    static = llm.engine.loop.runner.draft.runner.static
+    if static is not None:
+        assert static.replays > 2 * static.traces
 
 
 def test_sampled_rows_draw_what_plain_decoding_draws(tiny_model_dir):
