@@ -331,7 +331,7 @@ class Scheduler:
     ) -> StepPlan:
         """Freeze a plan and advance accounting for every request it touches."""
         released = self.kv.positions.take_freed() if self.kv.positions else ()
-        self.gain.planned(self._step_id + 1, segments, chunks, self.running, spec_mode)
+        self.gain.planned(self._step_id + 1, segments, chunks, self.running, spec_mode, drafts)
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens

@@ -8,12 +8,20 @@ machine and the model. Measured before this existed: a random Qwen3.5-2B shape i
 H100, 4 streams, 27% of proposals accepted, ran at 0.47x of speculation off; a draft at 4
 streams on the CPU at 0.89x. So the engine times its steps and compares:
 
-- a **plain** step (every segment a one-token decode) while B requests decode: the tokens it
-  emitted per second, the median of the last ``WINDOW`` per B;
+- a **plain** step (every segment a one-token decode) while B requests decode: the tokens
+  the last ``WINDOW`` per B emitted over their seconds (sums: a chained step's time is the
+  interval between finalizes, and a late finalize makes one interval long and the next a
+  fraction of a millisecond, which a median of per-step rates would read as the norm);
 - a **speculating** step (a verify segment, or the replay of a rejected one; no prompt
   chunk) while B requests decode: the tokens it emitted, against those plain steps would
   have emitted in its time (its seconds x that median);
-- steps with prompt chunks are not compared.
+- steps with prompt chunks are not compared, nor steps where a draft model catches up on
+  more than a verify's worth of tokens (``DraftQuery.tokens`` past ``k + 1``): its prefill
+  of a new request's prompt, or of the tokens decoded while speculation was backed off. Such
+  a step is paid once per request or per probe, not per verify, and counted it weighs on
+  every probe's window of ``WINDOW`` steps (CPU, a 12-layer target and its 3-layer draft,
+  one stream: the first step of a probe fed the draft 34-70 tokens in 41-44 ms, against
+  22-30 ms for a verify).
 
 A step built unchained because someone speculates counts as speculating even where it
 verifies nothing (a proposal cut to nothing, a draft only catching up): its lost overlap is
@@ -45,7 +53,9 @@ from typing import TYPE_CHECKING
 from tandem.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from tandem.engine.plan import Segment
+    from collections.abc import Sequence
+
+    from tandem.engine.plan import DraftQuery, Segment
 
 log = logging.getLogger("tandem")
 
@@ -59,14 +69,19 @@ def decoding(running: dict[str, Request]) -> int:
 
 
 def step_kind(
-    segments: list[Segment], chunks: list[Segment], running: dict[str, Request], spec_mode: bool
+    segments: list[Segment],
+    chunks: list[Segment],
+    running: dict[str, Request],
+    spec_mode: bool,
+    drafts: Sequence[DraftQuery] = (),
 ) -> str:
     """A step's kind for the comparison (before ``_launch`` advances its requests): PLAIN,
-    SPEC, or "" (prompt chunks: not compared). ``spec_mode``: built while someone speculates,
-    so not chained to the step before, whether or not it verifies anything (a proposal cut to
-    nothing, a draft only catching up): a cost of speculating, not a plain step."""
+    SPEC, or "" (prompt chunks, or a draft's catch-up past a verify's worth: not compared).
+    ``spec_mode``: built while someone speculates, so not chained to the step before, whether
+    or not it verifies anything (a proposal cut to nothing, a draft only catching up): a
+    cost of speculating, not a plain step."""
     prompt = [s for s in chunks if not running[s.request_id].replaying]
-    if prompt:
+    if prompt or any(len(q.tokens) > q.k + 1 for q in drafts):
         return ""
     if spec_mode or len(chunks) or any(s.num_samples > 1 for s in segments):
         return SPEC
@@ -82,7 +97,7 @@ class SpecGain:
 
     def __init__(self, min_gain: float) -> None:
         self.min_gain = min_gain
-        self.plain: dict[int, deque[float]] = {}  # B -> tokens/s of recent plain steps
+        self.plain: dict[int, deque[tuple[int, float]]] = {}  # B -> (tokens, seconds)
         # (tokens, seconds, plain tokens/s at its B) of recent speculating steps
         self.spec: deque[tuple[int, float, float]] = deque(maxlen=self.WINDOW)
         self.off_left = 0  # plain steps before speculating again
@@ -90,6 +105,14 @@ class SpecGain:
         self.backoffs = 0  # times speculation was turned off
         self._steps: dict[int, tuple[str, int]] = {}  # step id -> (kind, rows), until timed
         self._first: set[int] = set()  # batch sizes whose first plain step was seen
+
+    @classmethod
+    def rate(cls, steps: deque[tuple[int, float]]) -> float:
+        """Tokens per second of plain ``steps`` (tokens, seconds), those over ``OUTLIER`` x
+        the median time left out."""
+        cap = cls.OUTLIER * statistics.median(s for _, s in steps)
+        kept = [(t, s) for t, s in steps if s <= cap]
+        return sum(t for t, _ in kept) / sum(s for _, s in kept)
 
     @property
     def gain(self) -> float | None:
@@ -116,13 +139,14 @@ class SpecGain:
         chunks: list[Segment],
         running: dict[str, Request],
         spec_mode: bool,
+        drafts: Sequence[DraftQuery] = (),
     ) -> None:
         """A step about to launch (before it advances its requests' state); ``spec_mode``:
-        built unchained because someone speculates."""
+        built unchained because someone speculates; ``drafts``: its draft model queries."""
         if self.min_gain <= 0:
             return
         rows = decoding(running)
-        what = step_kind(segments, chunks, running, spec_mode)
+        what = step_kind(segments, chunks, running, spec_mode, drafts)
         if what and rows:
             self._steps[step_id] = (what, rows)
 
@@ -141,12 +165,12 @@ class SpecGain:
             if rows not in self._first:
                 self._first.add(rows)  # (it may have waited for kernels to compile)
                 return
-            self.plain.setdefault(rows, deque(maxlen=self.WINDOW)).append(tokens / seconds)
+            self.plain.setdefault(rows, deque(maxlen=self.WINDOW)).append((tokens, seconds))
             return
         plain = self.plain.get(rows)
         if not plain:
             return
-        self.spec.append((tokens, seconds, statistics.median(plain)))
+        self.spec.append((tokens, seconds, self.rate(plain)))
         if len(self.spec) < self.WINDOW:
             return
         gain = self.gain

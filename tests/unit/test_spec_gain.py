@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tandem import LLM, SamplingParams
-from tandem.engine.plan import Segment
+from tandem.engine.plan import DraftQuery, Segment
 from tandem.engine.request import RequestStatus
 from tandem.engine.spec_gain import PLAIN, SPEC, SpecGain, decoding, step_kind
 
@@ -38,6 +38,13 @@ def test_steps_are_plain_speculating_or_not_compared():
     # cut to nothing, or a draft only caught up): not a plain step either.
     assert step_kind([_decode("a"), _decode("b")], [], running, True) == SPEC
     assert step_kind([_decode("a", 5)], [_chunk("p")], running, False) == ""  # a prompt chunk
+    # A draft catching up on more than a verify's worth (a new prompt, or what was decoded
+    # while speculation was backed off): paid once per request or probe, not compared.
+    steady = DraftQuery("a", 10, (1, 2, 3), (0,), 2)
+    catch_up = DraftQuery("b", 2, (1,) * 40, (0,), 2)
+    assert step_kind([_decode("a", 3)], [], running, True, [steady]) == SPEC
+    both = [_decode("a", 3), _decode("b", 3)]
+    assert step_kind(both, [], running, True, [steady, catch_up]) == ""
 
 
 def _run(gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4) -> list[bool]:
@@ -59,7 +66,7 @@ def test_a_batch_size_needs_plain_steps_first():
     assert not gain.allows(4)
     warm = [(PLAIN, 4, 5.0)] + [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES
     assert _run(gain, warm) == [False] * G.PLAIN_SAMPLES + [True]
-    assert list(gain.plain[4]) == [400.0] * G.PLAIN_SAMPLES
+    assert list(gain.plain[4]) == [(4, 0.01)] * G.PLAIN_SAMPLES
     assert not gain.allows(3)  # another batch size: its own plain steps first
     assert SpecGain(0).allows(3)  # min_gain 0: never off
 
@@ -90,6 +97,17 @@ def test_a_few_slow_first_steps_do_not_turn_it_off():
     steps = [(SPEC, 12, 3.0)] * 3 + [(SPEC, 12, 0.02)] * (G.WINDOW - 3)
     assert all(_run(gain, steps))
     assert gain.backoffs == 0
+
+
+def test_plain_steps_are_rated_by_their_sums():
+    """A late finalize makes one chained step's interval long and the next's a fraction of
+    a millisecond: pairs of 19.5 and 0.5 ms (4 tokens each) are 400 tokens/s, where a median
+    of per-step rates would read 4,100 and take verifies of 1.5x for a loss."""
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] + [(PLAIN, 4, 0.0195), (PLAIN, 4, 0.0005)] * G.WINDOW)
+    assert G.rate(gain.plain[4]) == pytest.approx(400.0)
+    assert all(_run(gain, [(SPEC, 12, 0.02)] * G.WINDOW))
+    assert gain.backoffs == 0 and gain.gain == pytest.approx(1.5)
 
 
 def test_a_recurring_cost_is_not_taken_for_compilation():
