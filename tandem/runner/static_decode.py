@@ -4,8 +4,9 @@ On MLX's CUDA backend a decode step is host-bound: building the model's graph in
 (every layer's modules, our cache objects and seam) costs about as much as submitting it.
 A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
 to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
-prompt log-probabilities or draft), on models whose attention layers are all paged, on float
-pages: full, sliding windows and chunks (no MLA rows or quantized pages). Recurrent layers
+prompt log-probabilities or draft), on float pages (not quantized ones): full attention,
+sliding windows and chunks, paged or dense (MLA, softcapped scores: ``runner.layers``; they
+gather each row's whole table under its mask, ``static_context``). Recurrent layers
 (hybrids) take part where every row's state is resident (``runner.state``: the rows of the
 step before, in its order, none starting a sequence or taking a snapshot): the trace takes
 those states and returns the next ones, which stay resident; such steps are not padded.
@@ -45,7 +46,8 @@ import numpy as np
 
 from tandem.engine.plan import Segment
 from tandem.runner import kernels, state
-from tandem.runner.step_context import AttnView, first_key, slot, table_head_rows
+from tandem.runner.static_context import StaticContext, StaticGroup
+from tandem.runner.step_context import first_key, slot
 
 if TYPE_CHECKING:
     from tandem.runner.model_runner import ModelRunner
@@ -121,75 +123,6 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-class _Group:
-    """The step's one decode group (``step_context.DecodeGroup``'s role): every row, in
-    order, over its page table. The gather path reads whole tables under a mask."""
-
-    def __init__(
-        self,
-        tables: mx.array,
-        lengths: mx.array,
-        work: SimpleNamespace | None,
-        page: int,
-        starts: mx.array | None = None,
-    ) -> None:
-        self.tables, self.lengths, self.work, self.page = tables, lengths, work, page
-        self.starts = starts  # a window's (or chunk's) first key in each row's table
-        self.longest = tables.shape[1] * page
-        self._mask: mx.array | None = None
-        self._rows: dict[int, mx.array] = {}
-
-    def head_rows(self, hkv: int) -> mx.array:
-        if hkv not in self._rows:
-            self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
-        return self._rows[hkv]
-
-    @property
-    def mask(self) -> mx.array:
-        """Gathers read whole tables under this mask (also with the kernel on: layers with
-        attention sinks); built only where one reads it."""
-        if self._mask is None:
-            cols = mx.arange(self.longest, dtype=mx.int32)[None]
-            m = cols < self.lengths[:, None]
-            if self.starts is not None:
-                m = m & (cols >= self.starts[:, None])
-            self._mask = m[:, None, None, :]
-        return self._mask
-
-    def queries(self, queries: mx.array) -> mx.array:
-        return queries
-
-
-class _Context:
-    """What ``PagedCache`` and the attention seam read of a step (``StepContext``'s role)."""
-
-    sequence = False
-    mask_rank = 4
-
-    def __init__(
-        self,
-        positions,
-        write_slots,
-        group: _Group,
-        kernel: bool,
-        window_slots,
-        spans: dict[int, _Group],
-    ) -> None:
-        self.positions, self.write_slots, self.window_slots = positions, write_slots, window_slots
-        self._view = AttnView([group], [], None, kernel)
-        self._plain = AttnView([group], [], None, False)
-        # Sliding windows and chunks read through the gather path, as uncompiled steps do.
-        self._spans = {span: AttnView([g], [], None, False) for span, g in spans.items()}
-
-    def view(self, span: int | None, kernel: bool) -> AttnView:
-        if span is not None:
-            return self._spans[span]
-        return self._view if kernel else self._plain
-
-    def slots_for(self, window: int | None) -> mx.array:
-        return self.write_slots if window is None else self.window_slots
-
-
 def _body_of(ref: weakref.ref) -> Callable[..., tuple]:
     """The traced function, holding its ``StaticDecode`` weakly (the bound method would be
     a cycle through the compiled function, keeping a deleted engine's pool)."""
@@ -219,9 +152,7 @@ class StaticDecode:
     def eligible(runner) -> bool:
         pool = runner.pool
         return (
-            pool is not None
-            and runner.kv_quant is None
-            and all(not (s.dense or s.unused) for s in runner.specs)
+            pool is not None and runner.kv_quant is None and all(not s.unused for s in runner.specs)
         )
 
     def rows(self, n: int) -> int:
@@ -398,7 +329,7 @@ class StaticDecode:
         wslots, rest = rest[0], rest[1:]
         k = 3 * len(self.spans)
         spans = {
-            span: _Group(*rest[3 * j : 3 * j + 2], None, pool.page_size, rest[3 * j + 2])
+            span: StaticGroup(*rest[3 * j : 3 * j + 2], None, pool.page_size, rest[3 * j + 2])
             for j, span in enumerate(self.spans)
         }
         rest = rest[k:]
@@ -431,9 +362,9 @@ class StaticDecode:
                 num_items=num_items,
                 split=num_items > tables.shape[0],
             )
-            group = _Group(tables, lengths, work, pool.page_size)
+            group = StaticGroup(tables, lengths, work, pool.page_size)
             window_slots = wslots if pool.window_pages else slots
-            ctx = _Context(positions, slots, group, kernel, window_slots, spans)
+            ctx = StaticContext(positions, slots, group, kernel, window_slots, spans, r.mask_rank)
             keep: list = []
             caches = None if sp is None else state.resident_caches(sp, initial, keep)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])), caches)

@@ -55,9 +55,23 @@ def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
     assert static.replays >= 280
 
 
-def test_models_the_trace_does_not_cover_run_uncompiled(family_model_dir, tiny_model_dir):
-    assert _llm(family_model_dir("deepseek_v3")).engine.loop.runner.static is None  # MLA rows
+def test_quantized_pages_run_uncompiled(tiny_model_dir):
     assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gemma2"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_dense_layers_compiled_match_mlx_lm(family_model_dir, model_type, overlap):
+    """Dense layers (deepseek_v3's MLA; gemma2's softcapped scores, its mask of rank 5)
+    gather each row's whole table under its mask in the trace: staggered rows token-exact
+    with mlx-lm, most steady steps replayed."""
+    path = family_model_dir(model_type)
+    llm = _llm(path, overlap=overlap, max_num_batched_tokens=64, kv_page_size=4)
+    runner = llm.engine.loop.runner
+    assert runner.dense and runner.static is not None
+    assert runner.mask_rank == (5 if model_type == "gemma2" else 4)
+    run_staggered(llm, path, random.Random(model_type))
+    assert runner.static.replays > 2 * runner.static.traces
 
 
 @pytest.mark.parametrize(
