@@ -82,7 +82,7 @@ configs = {
     "default": {"compile_decode": 0},
     "overlap-off": {"overlap": False, "compile_decode": 0},
     "chunked-64": {"max_num_batched_tokens": 64, "compile_decode": 0},
-    "int8": {"kv_cache_dtype": "int8"},
+    "int8": {"kv_cache_dtype": "int8"},  # (compiled where the default compiles: CUDA)
     # Compiled decode steps (runner/static_decode.py) against uncompiled scatters.
     "compiled": {"compile_decode": True},
     "compiled-overlap-off": {"compile_decode": True, "overlap": False},
@@ -93,6 +93,12 @@ configs = {
     # The model drafting for itself: its draft pool is written in place too; acceptance
     # near 100% says the draft's KV was all written.
     "self-draft": {"speculative": "draft", "num_speculative_tokens": 4, "compile_decode": 0},
+    # The same with both models' steady steps compiled (the draft's proposals after its first).
+    "compiled-self-draft": {
+        "speculative": "draft",
+        "num_speculative_tokens": 4,
+        "compile_decode": True,
+    },
     # n-gram verifies on the recurrent models: rejected proposals roll the state back from
     # each verify's backup and replay (engine/results.py); equal to "default" too.
     "ngram": {

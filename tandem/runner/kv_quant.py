@@ -21,7 +21,9 @@ turn that into a step: docs/design.md. The CUDA decode kernel unpacks in place, 
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -76,6 +78,12 @@ class QuantizedPages:
     def parts(self) -> list[mx.array]:
         return [self.q, self.scales, self.biases]
 
+    def with_parts(self, q: mx.array, scales: mx.array, biases: mx.array) -> QuantizedPages:
+        """The same layout over other arrays (a compiled step's inputs and outputs)."""
+        other = copy.copy(self)
+        other.q, other.scales, other.biases = q, scales, biases
+        return other
+
     def encode(self, x: mx.array) -> list[mx.array]:
         """(N, *entry) entries as the pool stores them."""
         flat = x.reshape(x.shape[0], -1).astype(self.scales.dtype)
@@ -92,6 +100,26 @@ Buffer = mx.array | QuantizedPages
 
 def parts(buf: Buffer) -> list[mx.array]:
     return buf.parts() if isinstance(buf, QuantizedPages) else [buf]
+
+
+def flat(bufs: Sequence[Buffer]) -> list[mx.array]:
+    """Every array of ``bufs``, layer by layer."""
+    return [a for buf in bufs for a in parts(buf)]
+
+
+def unflat(like: Sequence[Buffer], arrays: Sequence[mx.array]) -> list[Buffer]:
+    """``flat``'s inverse: buffers laid out as ``like``'s, over ``arrays``."""
+    out: list[Buffer] = []
+    i = 0
+    for buf in like:
+        if isinstance(buf, QuantizedPages):
+            out.append(buf.with_parts(*arrays[i : i + 3]))
+            i += 3
+        else:
+            out.append(arrays[i])
+            i += 1
+    assert i == len(arrays), "one array per part of each buffer"
+    return out
 
 
 def _rows(a: mx.array, idx: mx.array, token: mx.array | None) -> mx.array:

@@ -4,9 +4,10 @@ On MLX's CUDA backend a decode step is host-bound: building the model's graph in
 (every layer's modules, our cache objects and seam) costs about as much as submitting it.
 A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
 to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
-prompt log-probabilities or draft), on float pages (not quantized ones): full attention,
-sliding windows and chunks, paged or dense (MLA, softcapped scores: ``runner.layers``; they
-gather each row's whole table under its mask, ``static_context``). Recurrent layers
+prompt log-probabilities or draft): full attention, sliding windows and chunks, paged or
+dense (MLA, softcapped scores: ``runner.layers``; they gather each row's whole table under
+its mask, ``static_context``), on float pages or quantized ones (their packed values, scales
+and biases as three arrays; with one buffer set only). Recurrent layers
 (hybrids) take part where every row's state is resident (``runner.state``: the rows of the
 step before, in its order, none starting a sequence or taking a snapshot): the trace takes
 those states and returns the next ones, which stay resident; such steps are not padded.
@@ -45,7 +46,7 @@ import mlx.core as mx
 import numpy as np
 
 from tandem.engine.plan import Segment
-from tandem.runner import kernels, state
+from tandem.runner import kernels, kv_quant, state
 from tandem.runner.static_context import StaticContext, StaticGroup
 from tandem.runner.step_context import first_key, slot
 
@@ -151,8 +152,11 @@ class StaticDecode:
     @staticmethod
     def eligible(runner) -> bool:
         pool = runner.pool
+        # (Two buffer sets replay one array per layer: not quantized pages' three.)
         return (
-            pool is not None and runner.kv_quant is None and all(not s.unused for s in runner.specs)
+            pool is not None
+            and (runner.kv_quant is None or pool.num_sets == 1)
+            and all(not s.unused for s in runner.specs)
         )
 
     def rows(self, n: int) -> int:
@@ -226,7 +230,7 @@ class StaticDecode:
                         host.append(wslots[:n])
                     pool.begin_step([(h, mx.array(h)) for h in host])
                     lags = self._lags(len(host), m)
-                bufs = list(pool.sets[pool.current])
+                bufs = kv_quant.flat(pool.sets[pool.current])
             traces = self.traces
             outs = self._fn(
                 inputs,
@@ -255,7 +259,7 @@ class StaticDecode:
         if pool.inplace:
             pool.tokens = written
         else:
-            pool.sets[pool.current] = written
+            pool.sets[pool.current] = kv_quant.unflat(pool.sets[pool.current], written)
             for layer, e in enumerate(outs[1 + k :]):  # (double buffering: the other set's)
                 pool.record(pool.group[layer], layer, [e if m == n else e[:n]])
         return outs[0] if m == n else outs[0][:n]
@@ -336,14 +340,14 @@ class StaticDecode:
         sp = r.state_pool
         ns = 0 if sp is None else len(state.resident_inputs(sp))
         initial, rest = rest[:ns], rest[ns:]
-        nbuf = len(pool.specs)
-        bufs, lags = rest[:nbuf], rest[nbuf:]
         cur = pool.current
+        nbuf = len(pool.specs) if pool.inplace else len(kv_quant.flat(pool.sets[cur]))
+        bufs, lags = rest[:nbuf], rest[nbuf:]
         saved, saved_tokens, saved_step = pool.sets[cur], pool.tokens, pool.step_state()
         if pool.inplace:
             pool.tokens = list(bufs)
         else:
-            pool.sets[cur] = list(bufs)
+            pool.sets[cur] = kv_quant.unflat(saved, bufs)
         try:
             if lags:  # two buffer sets: replay the previous step's writes with this step's
                 groups = len(lags) - nbuf
@@ -369,7 +373,7 @@ class StaticDecode:
             caches = None if sp is None else state.resident_caches(sp, initial, keep)
             logits = r.call(ctx, inputs[:, None], list(range(inputs.shape[0])), caches)
             self.traces += 1
-            written = list(pool.tokens) if pool.inplace else list(pool.sets[cur])
+            written = list(pool.tokens) if pool.inplace else kv_quant.flat(pool.sets[cur])
             if lags:  # this step's own entries per layer, for the other set
                 written += [pool.written(pool.group[i])[i][0] for i in range(nbuf)]
             kept = state.kept_outputs(keep)

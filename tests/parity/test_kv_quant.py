@@ -57,9 +57,9 @@ class Solo:
         return margins[i] < TIE
 
 
-def staggered_ways(path, dtype: str, seed: str, ways, **options) -> None:
+def staggered_ways(path, dtype: str, seed: str, ways, **options) -> LLM:
     """run_staggered (every request equal to its solo run, or parting at a near-tie) each
-    way; at most 2 of 18 requests part per way."""
+    way; at most 2 of 18 requests part per way. Returns the last way's engine."""
     solo = Solo(path, dtype, **options)
     for way in ways:
         llm = LLM(
@@ -76,6 +76,7 @@ def staggered_ways(path, dtype: str, seed: str, ways, **options) -> None:
         run_staggered(llm, path, random.Random(seed), solo=solo, tie=solo.tie)
         assert llm.engine.scheduler.stats.hit_tokens > 0
         assert solo.parted <= 2, way
+    return llm
 
 
 WAYS = (
@@ -101,6 +102,20 @@ def test_families_with_quantized_kv(family_model_dir, tmp_path, model_type):
         path = tiny_models._write_model(tmp_path / "mla", config, 0, "float32", 512)
     ways = WAYS[:1] + WAYS[2:] if model_type in RECURRENT else WAYS
     staggered_ways(path, "int8", model_type, ways)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_compiled_steps_on_quantized_pages(tiny_model_dir, dtype):
+    """Compiled decode steps (runner/static_decode.py) take a quantized layer's packed
+    values, scales and biases as three inputs and outputs: staggered requests equal their
+    solo runs (up to near-ties), most steady steps replayed. With two buffer sets (which
+    replay one array per layer) steps stay uncompiled."""
+    path = tiny_model_dir("qwen3")
+    way = {"overlap": True, "kv_double_buffer": False, "compile_decode": True}
+    static = staggered_ways(path, dtype, "compiled", [way]).engine.loop.runner.static
+    assert static is not None and static.replays > 2 * static.traces
+    double = {**way, "kv_double_buffer": True}
+    assert LLM(str(path), kv_cache_dtype=dtype, **double).engine.loop.runner.static is None
 
 
 def test_speculation_on_quantized_kv_changes_nothing(tiny_model_dir):

@@ -55,10 +55,6 @@ def test_a_long_generation_is_traced_a_few_times(tiny_model_dir):
     assert static.replays >= 280
 
 
-def test_quantized_pages_run_uncompiled(tiny_model_dir):
-    assert _llm(tiny_model_dir("qwen3"), kv_cache_dtype="int8").engine.loop.runner.static is None
-
-
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "gemma2"])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_dense_layers_compiled_match_mlx_lm(family_model_dir, model_type, overlap):
