@@ -3,14 +3,15 @@
 On MLX's CUDA backend a decode step is host-bound: building the model's graph in Python
 (every layer's modules, our cache objects and seam) costs about as much as submitting it.
 A compiled step replays a traced graph instead, so the Python runs once per shape. It applies
-to steps of single-token rows only (the steady state of a batch: no prefill chunk, verify,
-prompt log-probabilities or draft): full attention, sliding windows and chunks, paged or
-dense (MLA, softcapped scores: ``runner.layers``; they gather each row's whole table under
-its mask, ``static_context``), on float pages or quantized ones (their packed values, scales
-and biases as three arrays; with one buffer set only). Recurrent layers
-(hybrids) take part where every row's state is resident (``runner.state``: the rows of the
-step before, in its order, none starting a sequence or taking a snapshot): the trace takes
-those states and returns the next ones, which stay resident; such steps are not padded.
+to steps of single-token rows (the steady state of a batch) and of speculative verifies,
+each position of which is a row of its own (no prefill chunk or prompt log-probabilities):
+full attention, sliding windows and chunks, paged or dense (MLA, softcapped scores:
+``runner.layers``; they gather each row's whole table under its mask, ``static_context``),
+on float pages or quantized ones (their packed values, scales and biases as three arrays;
+with one buffer set only). Recurrent layers (hybrids, which verify uncompiled) take part
+where every row's state is resident (``runner.state``: the rows of the step before, in its
+order, none starting a sequence or taking a snapshot): the trace takes those states and
+returns the next ones, which stay resident; such steps are not padded.
 Windowed and chunked layers read each row's pages from the one holding its first key, in
 tables of the most pages their span covers (or the full tables' width, if less), through
 the gather path as uncompiled steps do, and write into the window page group where there
@@ -39,6 +40,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -141,6 +143,7 @@ class StaticDecode:
         self._shapes: set[tuple] = set()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
         self.replays = 0  # compiled steps that replayed a trace
+        self.verifies = 0  # compiled steps with speculative verify rows
         self._no_work = kernels.DecodeWork([1], 1)
 
     @property
@@ -164,11 +167,36 @@ class StaticDecode:
         states (the resident states are the rows')."""
         return n if self.runner.state_pool is not None else bucket(n)
 
+    def expand(self, segments: tuple[Segment, ...]) -> tuple[Segment, ...] | None:
+        """The step's rows: a single-token segment is one; a speculative verify (every
+        position sampled) is one per position, each attending to the keys up to its own as a
+        decode does (and as the decode kernel takes verifies uncompiled: ``StepContext``).
+        None where a segment is neither (a prefill chunk, prompt log-probabilities), or a
+        model with recurrent states verifies (its states advance position by position)."""
+        if all(s.num_tokens == 1 for s in segments):
+            return segments
+        if self.runner.state_pool is not None:
+            return None
+        rows: list[Segment] = []
+        for s in segments:
+            if s.num_tokens == 1:
+                rows.append(s)
+            elif s.num_samples == s.num_tokens and s.logprobs < 0:
+                rows += [
+                    replace(s, start=s.start + j, num_tokens=1, num_samples=1, draft=-1)
+                    for j in range(s.num_tokens)
+                ]
+            else:
+                return None
+        return tuple(rows)
+
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
-        if len(segments) > self.runner.compile_decode:
+        if sum(s.num_tokens for s in segments) > self.runner.compile_decode:
             return False
-        if not all(s.num_tokens == 1 and s.draft < 0 for s in segments):
+        expanded = self.expand(segments)
+        if expanded is None:
             return False
+        segments = expanded
         if not state.steady(self.runner.state_pool, segments):
             return False
         if self.runner.pool.pending() > self.rows(len(segments)):
@@ -184,7 +212,11 @@ class StaticDecode:
         return self.rows(len(segments)) * keys <= 2 * sum(s.start + p for s in segments) + 1024
 
     def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
-        """The logits of every row, (T, vocab)."""
+        """The logits of every token, (T, vocab) (``applies`` said yes)."""
+        expanded = self.expand(segments)
+        assert expanded is not None
+        self.verifies += len(expanded) > len(segments)
+        segments = expanded
         r = self.runner
         pool = r.pool
         p = pool.page_size

@@ -278,3 +278,27 @@ def test_an_all_recurrent_model_traces_one_table_width(family_model_dir):
     assert llm.generate([prompt], greedy(60))[0].token_ids == reference(path, prompt, 60)
     static = llm.engine.loop.runner.static
     assert static.traces == 1 and static.replays >= 30
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_verify_steps_compiled_match_mlx_lm(tiny_model_dir, overlap):
+    """Speculative verifies run as one row per position in compiled steps (each attends to
+    the keys up to its own): the model drafting for itself under staggered requests, then
+    n-gram proposals on repetitive prompts, token-exact with mlx-lm, with compiled verify
+    steps replayed."""
+    path = tiny_model_dir("qwen3")
+    spec = {"num_speculative_tokens": 3, "speculative_min_gain": 0, "kv_page_size": 4}
+    spec["compile_decode"] = 16  # up to four verifying rows
+    llm = _llm(path, overlap=overlap, speculative="draft", draft_model=str(path), **spec)
+    run_staggered(llm, path, random.Random(f"verify{overlap}"))
+    static = llm.engine.loop.runner.static
+    assert llm.engine.scheduler.stats.spec_accepted > 20
+    assert static.verifies > 10  # (a staggered run is mostly prefills: few steps replay)
+
+    llm = _llm(path, overlap=overlap, speculative="ngram", **spec)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 500) for _ in range(5)] * 4 for _ in range(3)]
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy(40)), strict=True):
+        assert out.token_ids == reference(path, prompt, 40)
+    static = llm.engine.loop.runner.static
+    assert static.verifies > 5 and static.replays > 2 * static.traces
