@@ -195,6 +195,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--speculative-max-batch", type=int, default=None)
     p.add_argument(
+        "--compile-decode",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="as tandem serve's (default: the machine's; 0: no compiled steps)",
+    )
+    p.add_argument(
         "--speculative-min-gain",
         type=float,
         default=1.0,
@@ -247,6 +254,7 @@ def main(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_num_seqs=max(8, *streams),
             kv_budget_tokens=budget,
+            compile_decode=args.compile_decode,
             **spec,
         )
         llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, temperature=0))  # warm-up

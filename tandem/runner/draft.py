@@ -34,6 +34,8 @@ class DraftModel:
         vocabulary is cut to it). ``max_tokens``: catch-up tokens one call may feed."""
         assert not runner.recurrent
         self.runner = runner
+        if runner.static is not None:  # its catch-up chunks compiled too
+            runner.static.chunks = True
         self.vocab_size = vocab_size
         self.max_tokens = max_tokens
         self.failures = 0  # in a row; after MAX_FAILURES the draft is disabled

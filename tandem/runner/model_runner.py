@@ -319,7 +319,7 @@ class ModelRunner:
             self.state_pool.forget(plan.released_states)
         if self.static is not None and self.static.applies(plan.segments, head):
             try:
-                return self.static.forward(plan.segments, inputs)
+                return self.static.forward(plan.segments, inputs, head)
             except Exception as e:  # noqa: BLE001 - e.g. model code a trace cannot run
                 log.warning("compiled decode steps off (%s: %s)", type(e).__name__, e)
                 self.static = None

@@ -143,7 +143,11 @@ class StaticDecode:
         self._shapes: set[tuple] = set()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
         self.replays = 0  # compiled steps that replayed a trace
-        self.verifies = 0  # compiled steps with speculative verify rows
+        self.verifies = 0  # compiled steps with speculative verify rows (or draft chunks)
+        # A draft model's runner (runner/draft.py): its catch-up chunks, whose last
+        # positions' logits propose, run as rows too (a target's prefill chunks do not: a
+        # chunk's attention, taken whole, rounds differently from row by row).
+        self.chunks = False
         self._no_work = kernels.DecodeWork([1], 1)
 
     @property
@@ -170,9 +174,10 @@ class StaticDecode:
     def expand(self, segments: tuple[Segment, ...]) -> tuple[Segment, ...] | None:
         """The step's rows: a single-token segment is one; a speculative verify (every
         position sampled) is one per position, each attending to the keys up to its own as a
-        decode does (and as the decode kernel takes verifies uncompiled: ``StepContext``).
-        None where a segment is neither (a prefill chunk, prompt log-probabilities), or a
-        model with recurrent states verifies (its states advance position by position)."""
+        decode does (and as the decode kernel takes verifies uncompiled: ``StepContext``), and
+        so is a draft model's catch-up chunk (``chunks``). None where a segment is neither (a
+        prefill chunk, prompt log-probabilities), or a model with recurrent states verifies
+        (its states advance position by position)."""
         if all(s.num_tokens == 1 for s in segments):
             return segments
         if self.runner.state_pool is not None:
@@ -181,7 +186,7 @@ class StaticDecode:
         for s in segments:
             if s.num_tokens == 1:
                 rows.append(s)
-            elif s.num_samples == s.num_tokens and s.logprobs < 0:
+            elif s.logprobs < 0 and (self.chunks or s.num_samples == s.num_tokens):
                 rows += [
                     replace(s, start=s.start + j, num_tokens=1, num_samples=1, draft=-1)
                     for j in range(s.num_tokens)
@@ -201,7 +206,7 @@ class StaticDecode:
             return False
         if self.runner.pool.pending() > self.rows(len(segments)):
             return False  # (two buffer sets, after a bigger step: its replay runs uncompiled)
-        if head != list(range(len(segments))):
+        if head != list(range(len(segments))) and not self.chunks:
             return False
         if self.runner.decode_kernel or not self.runner.specs:  # (no KV: nothing gathered)
             return True
@@ -211,8 +216,8 @@ class StaticDecode:
         keys = table_width(max(s.start for s in segments), p) * p
         return self.rows(len(segments)) * keys <= 2 * sum(s.start + p for s in segments) + 1024
 
-    def forward(self, segments: tuple[Segment, ...], inputs: mx.array) -> mx.array:
-        """The logits of every token, (T, vocab) (``applies`` said yes)."""
+    def forward(self, segments: tuple[Segment, ...], inputs: mx.array, head: list[int]) -> mx.array:
+        """The logits of token indices ``head``, (len(head), vocab) (``applies`` said yes)."""
         expanded = self.expand(segments)
         assert expanded is not None
         self.verifies += len(expanded) > len(segments)
@@ -294,7 +299,9 @@ class StaticDecode:
             pool.sets[pool.current] = kv_quant.unflat(pool.sets[pool.current], written)
             for layer, e in enumerate(outs[1 + k :]):  # (double buffering: the other set's)
                 pool.record(pool.group[layer], layer, [e if m == n else e[:n]])
-        return outs[0] if m == n else outs[0][:n]
+        if head == list(range(n)):
+            return outs[0] if m == n else outs[0][:n]
+        return outs[0][mx.array(head, dtype=mx.int32)]
 
     def _lags(self, groups: int, m: int) -> list[mx.array]:
         """Per page group the slots the previous step wrote, then per layer its entries:

@@ -56,16 +56,18 @@ def test_long_accepted_runs_cross_pages(tiny_model_dir):
     path = tiny_model_dir("qwen3")
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 500) for _ in range(7)] * 3 for _ in range(3)]
-    llm = draft_llm(path, path, kv_page_size=4)
+    llm = draft_llm(path, path, kv_page_size=4, compile_decode=16)
     outs = llm.generate(prompts, greedy(64))
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == reference(path, prompt, 64)
     assert llm.engine.loop.num_steps < 3 * 64 / 3  # about K + 1 tokens a step
-    # The draft's proposals after the first are single-token steps, compiled where MLX
+    # The draft's proposals after the first are single-token steps, and its catch-up chunks
+    # (the accepted tokens, then the first proposal) a row per position, compiled where MLX
     # compiles (runner/static_decode.py): most replay a trace.
     static = llm.engine.loop.runner.draft.runner.static
     if static is not None:
         assert static.replays > 2 * static.traces
+        assert static.verifies > 5
 
 
 def test_sampled_rows_draw_what_plain_decoding_draws(tiny_model_dir):
