@@ -8,7 +8,9 @@
 # Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
 # Device call 2 (carry .gpu/b):  source .gpu/b/install.sh && PARTS=models,early bash scripts/h200_draft.sh
 # Device call 3:  export PYTHONPATH=/tmp/site:$PWD; PARTS=random bash scripts/h200_draft.sh
-# Environment: PARTS [models,early,random], DAMPING [0.015], STREAMS [1,4,64]
+# Environment: PARTS [models,early,random], DAMPING [0.015], STREAMS [1,4,64], KS [2,4],
+# TAG (appended to the JSON names), and EXTRA: more `bench speculative` options
+# (e.g. "--compile-decode 0", "--speculative-min-gain 0").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,6 +19,9 @@ PAIR=${PAIR:-/tmp/pair}
 PARTS=${PARTS:-models,early,random}
 DAMPING=${DAMPING:-0.015}
 STREAMS=${STREAMS:-1,4,64}
+KS=${KS:-2,4}
+TAG=${TAG:-}
+EXTRA=${EXTRA:-}
 mkdir -p "$OUT"
 "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 if [[ $PARTS == *models* ]]; then
@@ -25,8 +30,8 @@ if [[ $PARTS == *models* ]]; then
 fi
 run() {  # $1: draft folder, $2: name, $3: streams
   timeout 420 "$PY" -m tandem.cli bench speculative --model "$PAIR/target" \
-    --draft-model "$PAIR/$1" --workloads random --streams "$3" --num-tokens 2,4 \
-    --prompt-tokens 256 --max-tokens 128 --repeats 3 --mlx-lm --json "$OUT/$2.json" \
+    --draft-model "$PAIR/$1" --workloads random --streams "$3" --num-tokens "$KS" \
+    --prompt-tokens 256 --max-tokens 128 --repeats 3 --mlx-lm --json "$OUT/$2$TAG.json" $EXTRA \
     2>&1 | grep -v Warning | tail -14
 }
 [[ $PARTS == *early* ]] && run draft-4 draft-early-exit "$STREAMS"
