@@ -288,7 +288,7 @@ def test_verify_steps_compiled_match_mlx_lm(tiny_model_dir, overlap):
     steps replayed."""
     path = tiny_model_dir("qwen3")
     spec = {"num_speculative_tokens": 3, "speculative_min_gain": 0, "kv_page_size": 4}
-    spec["compile_decode"] = 16  # up to four verifying rows
+    spec["compile_decode"] = 16
     llm = _llm(path, overlap=overlap, speculative="draft", draft_model=str(path), **spec)
     run_staggered(llm, path, random.Random(f"verify{overlap}"))
     static = llm.engine.loop.runner.static
