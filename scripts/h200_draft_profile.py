@@ -1,4 +1,9 @@
-"""Where a draft-speculation round's time goes at one stream (host phases, and the wait)."""
+"""Where a draft-speculation round's time goes (host phases, and the wait).
+
+    python scripts/h200_draft_profile.py TARGET DRAFT [K [KV_TOKENS|- [on|off]]]
+
+Environment: STREAMS (requests at once, 1), REPEATS (timed runs, 2), LLM_OPTIONS (JSON).
+"""
 
 import json
 import os
@@ -49,18 +54,25 @@ llm = LLM(
     **opts,
     **json.loads(os.environ.get("LLM_OPTIONS", "{}")),
 )
-prompt = list(range(10, 266))
+streams = int(os.environ.get("STREAMS", "1"))
+prompts = [[10 + i] + list(range(11, 266)) for i in range(streams)]
 p = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
-llm.generate([prompt], p)
-for _ in range(2):
+llm.generate(prompts, p)
+for _ in range(int(os.environ.get("REPEATS", "2"))):
     acc.clear()
     steps0 = llm.engine.loop.num_steps
     t = time.perf_counter()
-    llm.generate([prompt], p)
+    llm.generate(prompts, p)
     total = time.perf_counter() - t
     steps = llm.engine.loop.num_steps - steps0
     s = llm.engine.scheduler.stats
-    print(f"K={k} total {total * 1000:.0f} ms, {128 / total:.1f} tok/s, {steps} launches")
+    print(
+        f"K={k} streams {streams}: total {total * 1000:.0f} ms, "
+        f"{128 * streams / total:.1f} tok/s, {steps} launches"
+    )
     for key, v in acc.items():
         print(f"  {key}: {v * 1000:.0f} ms ({v * 1000 / max(1, steps):.2f} ms/launch)")
     print("  accepted/proposed", s.spec_accepted, s.spec_proposed)
+    static = llm.engine.loop.runner.static
+    if static is not None:
+        print("  target traces/replays/verifies", static.traces, static.replays, static.verifies)
