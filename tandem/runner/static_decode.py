@@ -68,6 +68,11 @@ GPU_ROWS = 8
 # 4 rows 1.04x against 0.96x; at 16 rows a compiled step was 13-18% slower (its tables,
 # rounded up to 8 pages, read more keys under a mask: attention is most of a CPU step).
 CPU_ROWS = 4
+# A draft model's catch-up chunk of at most this many tokens (the accepted tokens of a verify,
+# then the first proposal) counts as one request against ``compile_decode``, as a verify
+# does. (On the H100 at 8 streams, where these chunks ran uncompiled, the draft's host build
+# took 66 ms a round in the first of three runs and 13 ms in the later ones: new shapes.)
+CHUNK_ROWS = 16
 
 
 def default_rows(inplace: bool, kv: bool = True) -> int:
@@ -196,9 +201,15 @@ class StaticDecode:
         return tuple(rows)
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
-        # N counts requests, a verify one (on the H100 a verify step of 4 requests at K = 4,
-        # 20 rows, ran 1.26x faster compiled: docs/benchmarks.md), a draft's chunk its rows.
-        rows = sum(1 if s.num_samples == s.num_tokens else s.num_tokens for s in segments)
+        # N counts requests: a verify one (on the H100 a verify step of 4 requests at K = 4,
+        # 20 rows, ran 1.26x faster compiled: docs/benchmarks.md), and a draft's catch-up of
+        # a verify's worth (up to ``CHUNK_ROWS``) one; a longer catch-up counts its rows.
+        rows = sum(
+            1
+            if s.num_samples == s.num_tokens or (self.chunks and s.num_tokens <= CHUNK_ROWS)
+            else s.num_tokens
+            for s in segments
+        )
         if rows > self.runner.compile_decode:
             return False
         expanded = self.expand(segments)
