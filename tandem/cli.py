@@ -159,7 +159,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         default=None,
         metavar="ROWS",
         help="decode steps of at most ROWS rows replay a compiled trace of the model "
-        "(a speculative verify counts as one; default 8 with CUDA's in-place KV writes, "
+        "(with CUDA's decode kernel a speculative verify counts as one; default 8 with "
+        "CUDA's in-place KV writes, "
         "4 on the CPU where MLX can build its fused kernels, else off; 0: off)",
     )
     p.add_argument(

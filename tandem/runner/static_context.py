@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from tandem.runner.step_context import AttnView, DenseView, table_head_rows
+from tandem.runner.step_context import AttnView, DenseView, key_mask, table_head_rows
 
 
 class StaticGroup:
@@ -39,11 +39,7 @@ class StaticGroup:
         """Gathers read whole tables under this mask (also with the kernel on: layers with
         attention sinks); built only where one reads it."""
         if self._mask is None:
-            cols = mx.arange(self.longest, dtype=mx.int32)[None]
-            m = cols < self.lengths[:, None]
-            if self.starts is not None:
-                m = m & (cols >= self.starts[:, None])
-            self._mask = m[:, None, None, :]
+            self._mask = key_mask(self.longest, self.lengths, self.starts)
         return self._mask
 
     def queries(self, queries: mx.array) -> mx.array:

@@ -69,9 +69,11 @@ GPU_ROWS = 8
 # rounded up to 8 pages, read more keys under a mask: attention is most of a CPU step).
 CPU_ROWS = 4
 # A draft model's catch-up chunk of at most this many tokens (the accepted tokens of a verify,
-# then the first proposal) counts as one request against ``compile_decode``, as a verify
-# does. (On the H100 at 8 streams, where these chunks ran uncompiled, the draft's host build
-# took 66 ms a round in the first of three runs and 13 ms in the later ones: new shapes.)
+# then the first proposal) runs as rows of a compiled step, counted as one request against
+# ``compile_decode`` with the decode kernel, as a verify is; a longer one (a new request's
+# prompt) runs uncompiled. (On the H100 at 8 streams, where these chunks ran uncompiled, the
+# draft's host build took 66 ms a round in the first of three runs and 13 ms in the later
+# ones: new shapes.)
 CHUNK_ROWS = 16
 
 
@@ -189,9 +191,10 @@ class StaticDecode:
             return None
         rows: list[Segment] = []
         for s in segments:
+            verify = s.num_samples == s.num_tokens
             if s.num_tokens == 1:
                 rows.append(s)
-            elif s.logprobs < 0 and (self.chunks or s.num_samples == s.num_tokens):
+            elif s.logprobs < 0 and (verify or (self.chunks and s.num_tokens <= CHUNK_ROWS)):
                 rows += [
                     replace(s, start=s.start + j, num_tokens=1, num_samples=1, draft=-1)
                     for j in range(s.num_tokens)
@@ -201,15 +204,12 @@ class StaticDecode:
         return tuple(rows)
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
-        # N counts requests: a verify one (on the H100 a verify step of 4 requests at K = 4,
-        # 20 rows, ran 1.26x faster compiled: docs/benchmarks.md), and a draft's catch-up of
-        # a verify's worth (up to ``CHUNK_ROWS``) one; a longer catch-up counts its rows.
-        rows = sum(
-            1
-            if s.num_samples == s.num_tokens or (self.chunks and s.num_tokens <= CHUNK_ROWS)
-            else s.num_tokens
-            for s in segments
-        )
+        # N counts requests with the decode kernel: a verify one (on the H100, 4 streams at
+        # K = 4 ran 1.97x of plain with their 20-row verifies compiled, 1.45x uncompiled:
+        # docs/benchmarks.md), and a draft's catch-up one. The gather path counts their
+        # rows: each gathers its whole table, where uncompiled a verify's chunk gathers once
+        # (compiled steps of 16 rows ran 13-18% slower there).
+        rows = len(segments) if self.runner.decode_kernel else sum(s.num_tokens for s in segments)
         if rows > self.runner.compile_decode:
             return False
         expanded = self.expand(segments)

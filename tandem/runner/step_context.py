@@ -47,6 +47,16 @@ def table_head_rows(tables: mx.array, page: int, longest: int, hkv: int) -> mx.a
     return kv_quant.head_rows(cols.reshape(tables.shape[0], -1)[:, :longest], hkv)
 
 
+def key_mask(longest: int, lengths: mx.array, starts: mx.array | None) -> mx.array:
+    """(B, 1, 1, longest) bool: the gathered keys each row reads (before its length, from
+    its first key where ``starts`` gives one)."""
+    cols = mx.arange(longest, dtype=mx.int32)[None]
+    m = cols < lengths[:, None]
+    if starts is not None:
+        m = m & (cols >= starts[:, None])
+    return m[:, None, None, :]
+
+
 class DecodeGroup:
     """Single-token segments attended together: queries at ``rows`` over their own pages
     (``tables``, padded with page 0). Row j's keys are gathered positions
@@ -86,11 +96,7 @@ class DecodeGroup:
     def mask(self) -> mx.array | None:
         """(B, 1, 1, longest) bool, None when every row reads all of its gathered keys."""
         if self._mask is None and not self.uniform:
-            cols = mx.arange(self.longest, dtype=mx.int32)[None]
-            m = cols < self.lengths[:, None]
-            if self.starts is not None:
-                m = m & (cols >= self.starts[:, None])
-            self._mask = m[:, None, None, :]
+            self._mask = key_mask(self.longest, self.lengths, self.starts)
         return self._mask
 
     def queries(self, queries: mx.array) -> mx.array:

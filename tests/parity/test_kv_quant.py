@@ -34,6 +34,8 @@ class Solo:
     engine, and where a scheduled run may part from them: only at a near-tie."""
 
     def __init__(self, path, dtype: str, **options) -> None:
+        # (Uncompiled: the compiled steps on quantized pages are compared against it.)
+        options.setdefault("compile_decode", 0)
         self.llm = LLM(
             str(path), kv_cache_dtype=dtype, overlap=False, prefix_cache=False, **options
         )
