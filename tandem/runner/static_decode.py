@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem")
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
-MAX_SHAPES = 64  # traces kept before they are dropped and traced again on use
+MAX_SHAPES = 64  # traces kept; past it the least recently used is dropped
 # Rows compiled by default where KV writes are in place (CUDA): on the H200 (Qwen3-8B shape,
 # bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
 # time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
@@ -146,8 +147,10 @@ def _body_of(ref: weakref.ref) -> Callable[..., tuple]:
 class StaticDecode:
     def __init__(self, runner) -> None:
         self._runner = weakref.ref(runner)  # (the runner holds this: no cycle)
-        self._fn = None
-        self._shapes: set[tuple] = set()
+        # A compiled function per step shape, the least recently used dropped past
+        # ``MAX_SHAPES`` (its trace goes with it; one function holding every trace would
+        # match each call against all of them, and dropping it would drop them all).
+        self._fns: OrderedDict[tuple, Callable[..., tuple]] = OrderedDict()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
         self.replays = 0  # compiled steps that replayed a trace
         self.verifies = 0  # compiled steps with speculative verify rows (or draft chunks)
@@ -260,10 +263,12 @@ class StaticDecode:
         # The gather path reads no work list: fixed inputs, no new shapes.
         work = kernels.DecodeWork(lengths, width, pad=bucket) if r.decode_kernel else self._no_work
         shape = (m, width, work.num_items)
-        if self._fn is None or (shape not in self._shapes and len(self._shapes) >= MAX_SHAPES):
-            self._fn = mx.compile(_body_of(weakref.ref(self)))
-            self._shapes.clear()
-        self._shapes.add(shape)
+        fn = self._fns.get(shape)
+        if fn is None:
+            if len(self._fns) >= MAX_SHAPES:
+                self._fns.popitem(last=False)
+            fn = self._fns[shape] = mx.compile(_body_of(weakref.ref(self)))
+        self._fns.move_to_end(shape)
         # In place: the layers' last write tokens, which this step's writes chain onto
         # (runner/paged.py); otherwise the buffers themselves, and with two buffer sets
         # the previous step's writes this set replays.
@@ -283,7 +288,7 @@ class StaticDecode:
                     lags = self._lags(len(host), m)
                 bufs = kv_quant.flat(pool.sets[pool.current])
             traces = self.traces
-            outs = self._fn(
+            outs = fn(
                 inputs,
                 mx.array(starts.astype(np.int32)),
                 mx.array(slots.astype(np.int32)),

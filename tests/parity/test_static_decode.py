@@ -115,6 +115,25 @@ def test_rows_leaving_reuse_padded_shapes(tiny_model_dir):
     assert static.replays >= 50
 
 
+def test_least_recently_used_shapes_dropped(tiny_model_dir, monkeypatch):
+    """Past ``MAX_SHAPES`` step shapes the least recently used one's trace is dropped (the
+    rest are kept): rows leaving one by one meet 8, 4, 2 and 1 rows, and with room for two
+    the oldest go; every output equal to mlx-lm's."""
+    from tandem.runner import static_decode
+
+    monkeypatch.setattr(static_decode, "MAX_SHAPES", 2)
+    path = tiny_model_dir("llama")
+    llm = _llm(path)
+    prompts = [[3 + i, 40 + 2 * i, 99, 7 * i + 1] for i in range(7)]
+    outs = llm.generate(prompts, [greedy(10 + 9 * i) for i in range(7)])
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        assert out.token_ids == reference(path, prompt, 10 + 9 * i)
+    static = llm.engine.loop.runner.static
+    assert static.traces >= 4 and static.replays >= 50
+    assert len(static._fns) == 2
+    assert [shape[0] for shape in static._fns] == [2, 1]  # the latest two, oldest first
+
+
 def test_ragged_gathers_run_uncompiled_and_work_lists_pad(tiny_model_dir):
     """The gather path reads every row out to the longest table, so a batch where that more
     than doubles the keys read runs uncompiled; the kernel's work list pads its items (to a
