@@ -158,6 +158,7 @@ class StaticDecode:
         # positions' logits propose, run as rows too (a target's prefill chunks do not: a
         # chunk's attention, taken whole, rounds differently from row by row).
         self.chunks = False
+        self._expanded: tuple[tuple[Segment, ...] | None, tuple[Segment, ...] | None] = (None, None)
         self._no_work = kernels.DecodeWork([1], 1)
 
     @property
@@ -192,7 +193,10 @@ class StaticDecode:
             return segments
         if self.runner.state_pool is not None:
             return None
+        if self._expanded[0] is segments:  # (``applies``, then ``forward``: one step's)
+            return self._expanded[1]
         rows: list[Segment] = []
+        out: tuple[Segment, ...] | None = None
         for s in segments:
             verify = s.num_samples == s.num_tokens
             if s.num_tokens == 1:
@@ -203,8 +207,11 @@ class StaticDecode:
                     for j in range(s.num_tokens)
                 ]
             else:
-                return None
-        return tuple(rows)
+                break
+        else:
+            out = tuple(rows)
+        self._expanded = (segments, out)
+        return out
 
     def applies(self, segments: tuple[Segment, ...], head: list[int]) -> bool:
         # N counts requests with the decode kernel: a verify one (on the H100, 4 streams at
