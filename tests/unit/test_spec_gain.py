@@ -3,6 +3,8 @@ steps at the same batch (engine/spec_gain.py), from the loop's step times."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tandem import LLM, SamplingParams
@@ -47,14 +49,17 @@ def test_steps_are_plain_speculating_or_not_compared():
     assert step_kind(both, [], running, True, [steady, catch_up]) == ""
 
 
-def _run(gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4) -> list[bool]:
-    """Time ``(kind, tokens, seconds)`` steps of ``rows`` decoding requests; whether each
-    step after it may speculate."""
+def _run(
+    gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4, start: int = 10
+) -> list[bool]:
+    """Time ``(kind, tokens, seconds)`` steps of ``rows`` decoding requests (each row at
+    ``start`` keys); whether each step after it may speculate."""
     running = {str(i): _Req() for i in range(rows)}
     allowed = []
     for i, (what, tokens, seconds) in enumerate(steps):
         n = 5 if what == SPEC else 1
-        gain.planned(i, [_decode(r, n) for r in running], [], running, False)
+        segments = [replace(_decode(r, n), start=start) for r in running]
+        gain.planned(i, segments, [], running, False)
         gain.timed(i, tokens, seconds)
         allowed.append(gain.allows(rows))
     return allowed
@@ -66,7 +71,7 @@ def test_a_batch_size_needs_plain_steps_first():
     assert not gain.allows(4)
     warm = [(PLAIN, 4, 5.0)] + [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES
     assert _run(gain, warm) == [False] * G.PLAIN_SAMPLES + [True]
-    assert list(gain.plain[4]) == [(4, 0.01)] * G.PLAIN_SAMPLES
+    assert list(gain.plain[4]) == [(4, 0.01, 40)] * G.PLAIN_SAMPLES  # (4 rows at 10 keys)
     assert not gain.allows(3)  # another batch size: its own plain steps first
     assert SpecGain(0).allows(3)  # min_gain 0: never off
 
@@ -119,6 +124,26 @@ def test_a_recurring_cost_is_not_taken_for_compilation():
     _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1))
     _run(gain, [(SPEC, 8, 0.015)] * 6 + [(SPEC, 8, 0.09)] * 2)
     assert gain.backoffs == 1
+
+
+def test_a_verdict_against_plain_steps_over_shorter_sequences_takes_fresh_ones():
+    """Plain steps timed at 100 keys a row, verifies at 200 (over ``STALE`` x): a losing
+    verdict drops the plain steps instead of backing off, speculation waits for plain steps
+    at today's lengths, and is judged against them; there it pays. Where verifies lose
+    against plain steps as long as theirs, it backs off."""
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1), start=100)
+    # 8 tokens in 3 short plain steps' time: 0.67x, judged against stale ones.
+    assert _run(gain, [(SPEC, 8, 0.03)] * G.WINDOW, start=200)[-1] is False
+    assert gain.backoffs == 0 and gain.off_left == 0 and 4 not in gain.plain
+    # Plain steps at 200 keys take twice as long: speculation runs again after enough of them.
+    fresh = _run(gain, [(PLAIN, 4, 0.02)] * G.PLAIN_SAMPLES, start=200)
+    assert fresh == [False] * (G.PLAIN_SAMPLES - 1) + [True]
+    assert all(_run(gain, [(SPEC, 8, 0.03)] * G.WINDOW, start=210))  # 1.33x: stays on
+    assert gain.backoffs == 0 and gain.gain == pytest.approx(8 / 6)
+    # Losing against plain steps of its own lengths: a back-off, as before.
+    _run(gain, [(SPEC, 8, 0.06)] * G.WINDOW, start=220)
+    assert gain.backoffs == 1 and gain.off_left == G.BACKOFF
 
 
 def test_a_failed_step_is_never_timed():
