@@ -476,6 +476,9 @@ def test_repeated_prompt_reports_cached_tokens(server):
 
 
 def test_metrics_count_tokens(server):
+    # (Its own request: run alone, or first on its worker, nothing else has sent one.)
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+    assert server.post("/v1/completions", json=body).status_code == 200
     text = server.get("/metrics").text
     assert "tandem_generation_tokens_total" in text
     assert "tandem_time_to_first_token_seconds_bucket" in text
