@@ -42,11 +42,11 @@ stays exact either way: this only decides how fast.
 A step's seconds run from its launch (or the previous step's finalize, if later: a chained
 step's time is the interval between finalizes) to its own finalize (engine/loop.py).
 
-Like is compared with like: a step's cost grows with the keys its rows read, and while
+Like is compared with like: a step's cost grows with its rows' lengths, and while
 speculation runs no plain steps are timed at its batch size, so the plain reference can be
 from much shorter sequences (the first steps after the prompts). A losing verdict whose
-steps read more than ``STALE`` x the keys of the plain steps it was judged against does not
-back off: it drops that batch size's plain steps, so that speculation pauses for
+every step ran over ``STALE`` x the mean length of the plain steps it was judged against
+does not back off: it drops those batch sizes' plain steps, so that speculation pauses for
 ``PLAIN_SAMPLES`` plain steps at today's lengths and is judged again. (CPU, a 12-layer
 width-256 target and its 3-layer draft, 8 streams of 64-token prompts: plain steps timed
 at the start took 19 ms, the average over 96 tokens 25 ms, and the verdicts read 0.62-1.00x
@@ -108,20 +108,21 @@ class SpecGain:
 
     def __init__(self, min_gain: float) -> None:
         self.min_gain = min_gain
-        # B -> (tokens, seconds, keys its rows read) of recent plain steps
-        self.plain: dict[int, deque[tuple[int, float, int]]] = {}
-        # (tokens, seconds, plain tokens/s at its B, its keys over those plain steps' mean) of
-        # recent speculating steps
-        self.spec: deque[tuple[int, float, float, float]] = deque(maxlen=self.WINDOW)
+        # B -> (tokens, seconds, its rows' mean length) of recent plain steps
+        self.plain: dict[int, deque[tuple[int, float, float]]] = {}
+        # (tokens, seconds, plain tokens/s at its B, its length over those plain steps', B)
+        # of recent speculating steps
+        self.spec: deque[tuple[int, float, float, float, int]] = deque(maxlen=self.WINDOW)
         self.off_left = 0  # plain steps before speculating again
         self.backoff = 0  # the last back-off's length (0: none since it last paid)
         self.backoffs = 0  # times speculation was turned off
-        self._steps: dict[int, tuple[str, int, int]] = {}  # step id -> (kind, rows, keys)
+        # step id -> (kind, rows, its rows' mean length), until timed
+        self._steps: dict[int, tuple[str, int, float]] = {}
         self._first: set[int] = set()  # batch sizes whose first plain step was seen
 
     @classmethod
-    def rate(cls, steps: deque[tuple[int, float, int]]) -> float:
-        """Tokens per second of plain ``steps`` (tokens, seconds, keys), those over
+    def rate(cls, steps: deque[tuple[int, float, float]]) -> float:
+        """Tokens per second of plain ``steps`` (tokens, seconds, length), those over
         ``OUTLIER`` x the median time left out."""
         cap = cls.OUTLIER * statistics.median(s for _, s, _ in steps)
         kept = [(t, s) for t, s, _ in steps if s <= cap]
@@ -135,8 +136,8 @@ class SpecGain:
         (seconds, against milliseconds); a recurring cost is within a few times the median."""
         if not self.spec:
             return None
-        cap = self.OUTLIER * statistics.median(s for _, s, _, _ in self.spec)
-        kept = [(t, s, rate) for t, s, rate, _ in self.spec if s <= cap]
+        cap = self.OUTLIER * statistics.median(s for _, s, *_ in self.spec)
+        kept = [(t, s, rate) for t, s, rate, *_ in self.spec if s <= cap]
         return sum(t for t, _, _ in kept) / sum(s * rate for _, s, rate in kept)
 
     def allows(self, rows: int) -> bool:
@@ -161,7 +162,8 @@ class SpecGain:
         rows = decoding(running)
         what = step_kind(segments, chunks, running, spec_mode, drafts)
         if what and rows:
-            self._steps[step_id] = (what, rows, sum(s.start for s in segments))
+            length = sum(s.start for s in segments) / max(1, len(segments))
+            self._steps[step_id] = (what, rows, length)
 
     def forget(self) -> None:
         """The steps in flight were dropped (a failure): none of them will be timed."""
@@ -172,26 +174,29 @@ class SpecGain:
         step = self._steps.pop(step_id, None)
         if step is None or seconds <= 0 or tokens <= 0:
             return
-        what, rows, keys = step
+        what, rows, length = step
         if what == PLAIN:
             self.off_left = max(0, self.off_left - 1)
             if rows not in self._first:
                 self._first.add(rows)  # (it may have waited for kernels to compile)
                 return
             plain_steps = self.plain.setdefault(rows, deque(maxlen=self.WINDOW))
-            plain_steps.append((tokens, seconds, keys))
+            plain_steps.append((tokens, seconds, length))
             return
         plain = self.plain.get(rows)
         if not plain:
             return
-        ref = statistics.mean(k for _, _, k in plain)
-        self.spec.append((tokens, seconds, self.rate(plain), keys / ref if ref else 1.0))
+        ref = statistics.mean(n for _, _, n in plain)
+        self.spec.append((tokens, seconds, self.rate(plain), length / ref if ref else 1.0, rows))
         if len(self.spec) < self.WINDOW:
             return
         gain = self.gain
         assert gain is not None
-        if gain < self.min_gain and statistics.median(r for *_, r in self.spec) > self.STALE:
-            del self.plain[rows]  # (``allows`` waits for fresh ones)
+        # Stale where even the window's first steps (its least grown) ran over ``STALE`` x
+        # longer sequences than their reference: the window's own growth is not staleness.
+        if gain < self.min_gain and min(r for *_, r, _ in self.spec) > self.STALE:
+            for b in {b for *_, b in self.spec}:
+                self.plain.pop(b, None)  # (``allows`` waits for fresh ones)
             self.spec.clear()
             log.info(
                 "speculation paused for plain steps at today's lengths: its steps emitted "

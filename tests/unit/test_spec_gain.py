@@ -52,8 +52,8 @@ def test_steps_are_plain_speculating_or_not_compared():
 def _run(
     gain: SpecGain, steps: list[tuple[str, int, float]], rows: int = 4, start: int = 10
 ) -> list[bool]:
-    """Time ``(kind, tokens, seconds)`` steps of ``rows`` decoding requests (each row at
-    ``start`` keys); whether each step after it may speculate."""
+    """Time ``(kind, tokens, seconds)`` steps of ``rows`` decoding requests (each ``start``
+    tokens long); whether each step after it may speculate."""
     running = {str(i): _Req() for i in range(rows)}
     allowed = []
     for i, (what, tokens, seconds) in enumerate(steps):
@@ -71,7 +71,7 @@ def test_a_batch_size_needs_plain_steps_first():
     assert not gain.allows(4)
     warm = [(PLAIN, 4, 5.0)] + [(PLAIN, 4, 0.01)] * G.PLAIN_SAMPLES
     assert _run(gain, warm) == [False] * G.PLAIN_SAMPLES + [True]
-    assert list(gain.plain[4]) == [(4, 0.01, 40)] * G.PLAIN_SAMPLES  # (4 rows at 10 keys)
+    assert list(gain.plain[4]) == [(4, 0.01, 10.0)] * G.PLAIN_SAMPLES  # (rows 10 long)
     assert not gain.allows(3)  # another batch size: its own plain steps first
     assert SpecGain(0).allows(3)  # min_gain 0: never off
 
@@ -127,7 +127,7 @@ def test_a_recurring_cost_is_not_taken_for_compilation():
 
 
 def test_a_verdict_against_plain_steps_over_shorter_sequences_takes_fresh_ones():
-    """Plain steps timed at 100 keys a row, verifies at 200 (over ``STALE`` x): a losing
+    """Plain steps timed at rows 100 long, verifies at 200 (over ``STALE`` x): a losing
     verdict drops the plain steps instead of backing off, speculation waits for plain steps
     at today's lengths, and is judged against them; there it pays. Where verifies lose
     against plain steps as long as theirs, it backs off."""
@@ -136,7 +136,7 @@ def test_a_verdict_against_plain_steps_over_shorter_sequences_takes_fresh_ones()
     # 8 tokens in 3 short plain steps' time: 0.67x, judged against stale ones.
     assert _run(gain, [(SPEC, 8, 0.03)] * G.WINDOW, start=200)[-1] is False
     assert gain.backoffs == 0 and gain.off_left == 0 and 4 not in gain.plain
-    # Plain steps at 200 keys take twice as long: speculation runs again after enough of them.
+    # Plain steps at 200 take twice as long: speculation runs again after enough of them.
     fresh = _run(gain, [(PLAIN, 4, 0.02)] * G.PLAIN_SAMPLES, start=200)
     assert fresh == [False] * (G.PLAIN_SAMPLES - 1) + [True]
     assert all(_run(gain, [(SPEC, 8, 0.03)] * G.WINDOW, start=210))  # 1.33x: stays on
@@ -144,6 +144,13 @@ def test_a_verdict_against_plain_steps_over_shorter_sequences_takes_fresh_ones()
     # Losing against plain steps of its own lengths: a back-off, as before.
     _run(gain, [(SPEC, 8, 0.06)] * G.WINDOW, start=220)
     assert gain.backoffs == 1 and gain.off_left == G.BACKOFF
+    # A window growing past STALE x from a reference close to its first steps (its own
+    # tokens, not a stale reference): judged, and backed off.
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1), start=100)
+    for i in range(G.WINDOW):
+        _run(gain, [(SPEC, 8, 0.03)], start=110 + 20 * i)
+    assert gain.backoffs == 1 and 4 in gain.plain
 
 
 def test_a_failed_step_is_never_timed():
