@@ -8,7 +8,13 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from tandem.runner.step_context import AttnView, DenseView, key_mask, table_head_rows
+from tandem.runner.step_context import (
+    AttnView,
+    DenseView,
+    key_mask,
+    table_head_rows,
+    table_slots,
+)
 
 
 class StaticGroup:
@@ -75,10 +81,9 @@ class StaticContext:
         position order, under its group's mask, whose rank is the model's."""
         if span not in self._dense:
             g = self._groups[span]
-            m, width = g.tables.shape
-            cols = mx.arange(g.page, dtype=mx.int32)
-            slots = (g.tables[:, :, None] * g.page + cols).reshape(m, width * g.page)
-            shape = (m,) + (1,) * (self.mask_rank - 2) + (width * g.page,)
+            slots = table_slots(g.tables, g.page)
+            m, n = slots.shape
+            shape = (m,) + (1,) * (self.mask_rank - 2) + (n,)
             self._dense[span] = DenseView(slots, g.mask.reshape(shape))
         return self._dense[span]
 

@@ -43,8 +43,13 @@ def first_key(pos, span: int | None):
 def table_head_rows(tables: mx.array, page: int, longest: int, hkv: int) -> mx.array:
     """(2, B, Hkv, longest): the first ``longest`` positions of each row's page ``tables``
     (B, pages) in a float pool, keys and values head by head (``kv_quant.head_rows``)."""
+    return kv_quant.head_rows(table_slots(tables, page)[:, :longest], hkv)
+
+
+def table_slots(tables: mx.array, page: int) -> mx.array:
+    """(B, pages x page): every slot of each row's page ``tables``, in position order."""
     cols = tables[:, :, None] * page + mx.arange(page, dtype=mx.int32)
-    return kv_quant.head_rows(cols.reshape(tables.shape[0], -1)[:, :longest], hkv)
+    return cols.reshape(tables.shape[0], -1)
 
 
 def key_mask(longest: int, lengths: mx.array, starts: mx.array | None) -> mx.array:
