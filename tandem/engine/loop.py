@@ -39,6 +39,7 @@ class Runner(Protocol):
     ``reset`` drops every in-flight step and recreates the KV pool (after a failure)."""
 
     words: int  # int32 words of a grammar bitmask row
+    traces: int  # compiled graphs traced so far: a launch that traces met a new shape
 
     def launch(self, plan: StepPlan, parent: Any | None, masks: Any | None = None) -> Any: ...
 
@@ -54,6 +55,9 @@ class InFlightStep:
     plan: StepPlan
     handle: Any
     launched: float = 0.0  # the clock when its launch began
+    # Its time is not a steady step's: its launch, or a child's launched before it
+    # finalized, traced a new shape (the model's Python, then MLX compiling kernels).
+    fresh: bool = False
 
 
 class OverlapLoop:
@@ -103,6 +107,8 @@ class OverlapLoop:
         # 1. Submit step N+1 on N's lazy tokens before blocking on N. With constrained rows
         # only its forward goes now; its sampling waits for the masks (step 2).
         nxt = self._launch(self.curr) if self.overlap else None
+        if nxt is not None and nxt.fresh:
+            self.curr.fresh = True  # (N's interval holds N+1's tracing)
         # 2. Finalize N (the device is busy with N+1 meanwhile), then complete N+1.
         self._finalize(self.curr)
         self.curr = nxt
@@ -134,9 +140,10 @@ class OverlapLoop:
         self._failing = plan
         # A fresh step knows every constrained row's previous token; a chained one waits.
         masks = None if parent else self.scheduler.grammar_masks(plan, self.runner.words)
+        traced = self.runner.traces
         handle = self.runner.launch(plan, parent.handle if parent else None, masks)
         self._failing = None
-        return InFlightStep(plan, handle, launched)
+        return InFlightStep(plan, handle, launched, self.runner.traces != traced)
 
     def _complete(self, s: InFlightStep) -> None:
         if s.plan.sampling.constrained:
@@ -152,7 +159,8 @@ class OverlapLoop:
         self._failing = None
         end = self.clock()
         tokens = sum(len(o.new_token_ids) for o in outputs)
-        self.scheduler.gain.timed(s.plan.step_id, tokens, end - max(s.launched, self._last_end))
+        seconds = end - max(s.launched, self._last_end)
+        self.scheduler.gain.timed(s.plan.step_id, tokens, seconds, fresh=s.fresh)
         self._last_end = end
 
     _failing: StepPlan | None = None

@@ -39,6 +39,14 @@ for MLX to compile its kernels (seconds, against milliseconds), while a recurrin
 draft catching up, a long replay) is within a few times the median and counts. Every token
 stays exact either way: this only decides how fast.
 
+Steps that meet a new shape are left out, plain and speculating alike (``fresh``: the
+runner traced a compiled graph while launching it, or while launching the step chained onto
+it, inside its interval). The first run of a batch meets many: rows grow past table widths
+and work-list sizes, a verify's rows and a draft's catch-ups are shapes of their own. On an
+H100 (8B shape, its first 4 layers drafting, 8 streams) the first run took 21-105 ms a
+launch to submit against 9-20 ms warm, for plain and speculating steps alike; the windows
+judged on them backed speculation off through runs where it paid 1.33-1.39x.
+
 A step's seconds run from its launch (or the previous step's finalize, if later: a chained
 step's time is the interval between finalizes) to its own finalize (engine/loop.py).
 
@@ -169,22 +177,23 @@ class SpecGain:
         """The steps in flight were dropped (a failure): none of them will be timed."""
         self._steps.clear()
 
-    def timed(self, step_id: int, tokens: int, seconds: float) -> None:
-        """A step finalized after ``seconds``, emitting ``tokens``."""
+    def timed(self, step_id: int, tokens: int, seconds: float, fresh: bool = False) -> None:
+        """A step finalized after ``seconds``, emitting ``tokens``; ``fresh``: its time holds
+        the tracing of a new shape (engine/loop.py), so it is not kept."""
         step = self._steps.pop(step_id, None)
         if step is None or seconds <= 0 or tokens <= 0:
             return
         what, rows, length = step
         if what == PLAIN:
             self.off_left = max(0, self.off_left - 1)
-            if rows not in self._first:
+            if fresh or rows not in self._first:
                 self._first.add(rows)  # (it may have waited for kernels to compile)
                 return
             plain_steps = self.plain.setdefault(rows, deque(maxlen=self.WINDOW))
             plain_steps.append((tokens, seconds, length))
             return
         plain = self.plain.get(rows)
-        if not plain:
+        if not plain or fresh:
             return
         ref = statistics.mean(n for _, _, n in plain)
         self.spec.append((tokens, seconds, self.rate(plain), length / ref if ref else 1.0, rows))

@@ -11,6 +11,8 @@ import numpy as np
 
 from tandem.runner import kv_quant
 from tandem.runner.kernels import CHUNK, DecodeWork, paged_decode
+from tandem.runner.layers import LayerSpec
+from tandem.runner.paged import quantizable
 
 log = logging.getLogger("tandem")
 _checked: dict[tuple, bool] = {}
@@ -29,6 +31,23 @@ def reference(q, pool, tables, lengths, scale: float, page_size: int) -> mx.arra
         v = x[:, hkv:].transpose(1, 0, 2)[None]
         outs.append(mx.fast.scaled_dot_product_attention(q[i : i + 1, :, None], k, v, scale=scale))
     return mx.concatenate(outs)[:, :, 0, :]
+
+
+def usable(specs: list[LayerSpec], num_heads: int | None, quant: kv_quant.KVQuant | None) -> bool:
+    """Whether a model's paged layers decode through the kernel: every shape it needs exists
+    and agrees. With quantized pages, the float variant too: the load-time check against
+    mlx-lm (runner/verify.py) runs on a float pool."""
+    full = {
+        (s.k_dim, s.k_heads, s.dtype, variant)
+        for s in specs
+        if not (s.dense or s.unused)
+        for variant in {None, quant if quantizable(s, quant) else None}
+    }
+    return (
+        num_heads is not None
+        and bool(full)
+        and all(available(d, num_heads, hkv, t, q) for d, hkv, t, q in full)
+    )
 
 
 def available(

@@ -192,21 +192,7 @@ class ModelRunner:
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, state_slots, self.inplace_writes)
             if self.decode_kernel is not False:
-                q = self.kv_quant
-                # With quantized pages, the float variant too: the load-time check against
-                # mlx-lm (runner/verify.py) runs on a float pool.
-                full = {
-                    (s.k_dim, s.k_heads, s.dtype, variant)
-                    for s in self.specs
-                    if not (s.dense or s.unused)
-                    for variant in {None, q if quantizable(s, q) else None}
-                }
-                heads = self.num_heads
-                self.decode_kernel = (
-                    heads is not None
-                    and bool(full)
-                    and all(kernel_check.available(d, heads, hkv, t, q) for d, hkv, t, q in full)
-                )
+                self.decode_kernel = kernel_check.usable(self.specs, self.num_heads, self.kv_quant)
             if self.dense:
                 self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool
@@ -250,6 +236,13 @@ class ModelRunner:
         assert self.pool is not None
         extra = self.state_pool.arrays() if self.state_pool is not None else []
         return self.pool.arrays() + extra
+
+    @property
+    def traces(self) -> int:
+        """Compiled graphs traced so far, the draft model's included (a step whose launch
+        traces met a new shape: engine/loop.py)."""
+        own = self.static.traces if self.static is not None else 0
+        return own + (self.draft.runner.traces if self.draft is not None else 0)
 
     def launch(
         self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None

@@ -104,6 +104,36 @@ def test_a_few_slow_first_steps_do_not_turn_it_off():
     assert gain.backoffs == 0
 
 
+def test_steps_that_met_a_new_shape_are_left_out():
+    """A first run meets new shapes for a while, plain and speculating steps alike, each a
+    few times a warm step's time (under ``OUTLIER``): judged on them, a paying speculation
+    would back off. Steps whose launch traced (``fresh``) are not kept."""
+    gain = SpecGain(1.0)
+    running = {str(i): _Req() for i in range(4)}
+
+    def step(i: int, what: str, tokens: int, seconds: float, fresh: bool) -> None:
+        n = 5 if what == SPEC else 1
+        gain.planned(i, [_decode(r, n) for r in running], [], running, False)
+        gain.timed(i, tokens, seconds, fresh=fresh)
+
+    for i in range(G.PLAIN_SAMPLES + 1):  # warm plain steps, the first not kept
+        step(i, PLAIN, 4, 0.01, False)
+    step(10, PLAIN, 4, 0.05, True)  # a fresh plain step: not a reference
+    assert [s for _, s, _ in gain.plain[4]] == [0.01] * G.PLAIN_SAMPLES
+    # Verifies emitting 12 tokens: 0.04 s while meeting shapes (0.4x plain), 0.02 warm.
+    for i in range(G.WINDOW):
+        step(20 + i, SPEC, 12, 0.04, True)
+    assert not gain.spec and gain.backoffs == 0
+    for i in range(G.WINDOW):
+        step(40 + i, SPEC, 12, 0.02, i % 2 == 0)
+    assert len(gain.spec) == G.WINDOW // 2 and gain.backoffs == 0
+    assert gain.gain == pytest.approx(1.5)
+    # Unmarked, the same slow steps are judged (under OUTLIER x the median: kept).
+    for i in range(G.WINDOW):
+        step(60 + i, SPEC, 12, 0.04, False)
+    assert gain.backoffs == 1
+
+
 def test_plain_steps_are_rated_by_their_sums():
     """A late finalize makes one chained step's interval long and the next's a fraction of
     a millisecond: pairs of 19.5 and 0.5 ms (4 tokens each) are 400 tokens/s, where a median
@@ -237,9 +267,43 @@ def test_the_loop_times_each_step_once_and_not_the_idle_time(overlap):
     engine.loop.clock = lambda: now[0]
     seconds: list[float] = []
     timed = engine.scheduler.gain.timed
-    engine.scheduler.gain.timed = lambda sid, tokens, s: (seconds.append(s), timed(sid, tokens, s))
+    gain = engine.scheduler.gain
+    gain.timed = lambda sid, tokens, s, fresh: (seconds.append(s), timed(sid, tokens, s, fresh))
     drive(engine, {0: [("a", [3, 5, 7, 9], 1, 12)]})
     now[0] += 60.0  # idle
     drive(engine, {0: [("b", [4, 6, 8, 10], 2, 12)]})
     assert len(seconds) >= 10 and set(seconds) == {1.0}
     assert engine.loop.num_chained > 0 if overlap else engine.loop.num_chained == 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_loop_marks_the_steps_a_trace_falls_in(overlap):
+    """A launch that traces a new shape (the runner's ``traces`` count moves) makes its own
+    step fresh, and, chained, the step in flight too: that step's interval ends at its
+    finalize, after the child's launch."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_speculation import drive, engine_for
+
+    from tandem.engine.speculation import SpecConfig
+
+    engine, runner = engine_for(overlap, speculation=SpecConfig())  # (plain steps chain)
+    tracing = {5, 9}
+    runner.trace_fn = lambda plan: plan.step_id in tracing
+    marked: dict[int, bool] = {}
+    timed = engine.scheduler.gain.timed
+
+    def record(sid, tokens, s, fresh):
+        marked[sid] = fresh
+        timed(sid, tokens, s, fresh)
+
+    engine.scheduler.gain.timed = record
+    drive(engine, {0: [("a", [3, 5, 7, 9], 1, 16), ("b", [4, 6, 8], 2, 16)]})
+    assert runner.traces == 2
+    fresh = {sid for sid, f in marked.items() if f}
+    chained = {p.step_id: p.parent_step for p in runner.launched if p.chained}
+    want = tracing | {chained[s] for s in tracing if s in chained}
+    assert fresh == want
+    assert (len(want) == 4) == overlap
