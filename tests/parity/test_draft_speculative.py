@@ -70,6 +70,10 @@ def test_long_accepted_runs_cross_pages(tiny_model_dir):
         assert static is not None
         assert static.replays > 2 * static.traces
         assert static.verifies > 5
+        # The loop reads both runners' traces: a step that traced is not timed (spec_gain).
+        runner = llm.engine.loop.runner
+        assert runner.static is not None
+        assert runner.traces == runner.static.traces + static.traces > 0
 
 
 def test_sampled_rows_draw_what_plain_decoding_draws(tiny_model_dir):
