@@ -1,6 +1,9 @@
 """Decode attention per layer on the GPU, at the Qwen3-8B shape (32 query heads, 8 KV heads,
 head dim 128, bf16): the paged kernel (runner/kernels.py) at several chunk sizes against
-``mx.fast.scaled_dot_product_attention`` over dense buffers of the same lengths.
+``mx.fast.scaled_dot_product_attention`` over dense buffers of the same lengths, and an
+experimental variant, "grouped": one block per (work item, KV head) serving the query heads
+that share it (each K and V load feeds H / HKV dot products), always writing partials that
+kernels' merge combines. Its largest difference from the paged kernel is printed.
 
 Each timing chains 36 calls (a model's layers: each call's query is the output of the one
 before), evaluated once, so the launch and the wait are paid once per 36 and the number is
@@ -43,19 +46,159 @@ def per_call_us(fn, q: mx.array, repeats: int = 20) -> float:
     return statistics.median(times) / LAYERS * 1e6
 
 
-def paged(b: int, n: int, dtype: mx.Dtype, chunk: int) -> float:
+def paged(b: int, n: int, dtype: mx.Dtype, chunk: int) -> tuple[float, float, float]:
+    """(paged kernel, grouped variant) microseconds per call, and their largest difference."""
     kernels.CHUNK = chunk  # (a template value: its own compiled kernels)
     pages = -(-n // PAGE)
     order = np.random.default_rng(0).permutation(b * pages + 1).astype(np.int32)
     tables = mx.array(order[: b * pages].reshape(b, pages))
     pool = mx.random.normal(((b * pages + 1) * PAGE, 2 * HKV, D)).astype(dtype)
-    lengths = mx.array([n] * b, dtype=mx.int32)
+    lengths = mx.array([n - i for i in range(b)], dtype=mx.int32)
     q = mx.random.normal((b, H, D)).astype(dtype)
-    work = kernels.DecodeWork([n] * b, pages)
+    work = kernels.DecodeWork([n - i for i in range(b)], pages)
     mx.eval(pool, q, tables, lengths)
-    return per_call_us(
-        lambda x: kernels.paged_decode(x, pool, tables, lengths, D**-0.5, PAGE, work), q
+
+    def ours(x):
+        return kernels.paged_decode(x, pool, tables, lengths, D**-0.5, PAGE, work)
+
+    def grouped(x):
+        return grouped_decode(x, pool, tables, lengths, D**-0.5, work)
+
+    diff = mx.abs(ours(q).astype(mx.float32) - grouped(q).astype(mx.float32)).max().item()
+    return per_call_us(ours, q), per_call_us(grouped, q), diff
+
+
+_GROUPED = """
+    const int W = NW;
+    const int E = D / 32;
+    const int G = H / HKV;
+    const int MAXP = dims[0];
+    int item = blockIdx.x / HKV;
+    int hk = blockIdx.x % HKV;
+    int b = work[2 * item];
+    int chunk = work[2 * item + 1];
+    int warp = threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    int first = chunk * CHUNK;
+    int len = min(lengths[b], first + CHUNK);
+    float sc = scale[0];
+    float qv[G][E];
+    float acc[G][E];
+    float m[G];
+    float l[G];
+    for (int g = 0; g < G; ++g) {
+        for (int e = 0; e < E; ++e) {
+            qv[g][e] = static_cast<float>(q[((size_t)b * H + hk * G + g) * D + lane * E + e]) * sc;
+            acc[g][e] = 0.0f;
+        }
+        m[g] = __int_as_float(0xff800000);
+        l[g] = 0.0f;
+    }
+    for (int j = first + warp; j < len; j += U * W) {
+        size_t kb[U];
+        float kf[U][E];
+        float vf[U][E];
+        float s[U][G];
+        for (int u = 0; u < U; ++u) {
+            int ju = j + u * W < len ? j + u * W : j;
+            size_t slot = (size_t)tables[(size_t)b * MAXP + ju / P] * P + (ju % P);
+            kb[u] = (slot * 2 * HKV + hk) * D + lane * E;
+        }
+        for (int u = 0; u < U; ++u)
+            for (int e = 0; e < E; ++e) {
+                kf[u][e] = static_cast<float>(kv_pool[kb[u] + e]);
+                vf[u][e] = static_cast<float>(kv_pool[kb[u] + (size_t)HKV * D + e]);
+            }
+        for (int u = 0; u < U; ++u)
+            for (int g = 0; g < G; ++g) {
+                s[u][g] = 0.0f;
+                for (int e = 0; e < E; ++e) s[u][g] += qv[g][e] * kf[u][e];
+            }
+        for (int off = 16; off > 0; off /= 2)
+            for (int u = 0; u < U; ++u)
+                for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffff, s[u][g], off);
+        for (int g = 0; g < G; ++g) {
+            float mn = m[g];
+            for (int u = 0; u < U; ++u) {
+                if (j + u * W >= len) s[u][g] = __int_as_float(0xff800000);
+                mn = fmaxf(mn, s[u][g]);
+            }
+            float c = __expf(m[g] - mn);
+            l[g] *= c;
+            for (int e = 0; e < E; ++e) acc[g][e] *= c;
+            for (int u = 0; u < U; ++u) {
+                float p = __expf(s[u][g] - mn);
+                l[g] += p;
+                for (int e = 0; e < E; ++e) acc[g][e] += p * vf[u][e];
+            }
+            m[g] = mn;
+        }
+    }
+    __shared__ float sm[NW][G];
+    __shared__ float sl[NW][G];
+    __shared__ float sacc[NW][G][D];
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = l[g]; }
+        for (int e = 0; e < E; ++e) sacc[warp][g][lane * E + e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += W) {
+        int h = hk * G + g;
+        float M = sm[0][g];
+        for (int w = 1; w < W; ++w) M = fmaxf(M, sm[w][g]);
+        float L = 0.0f;
+        for (int w = 0; w < W; ++w) L += sl[w][g] == 0.0f ? 0.0f : sl[w][g] * __expf(sm[w][g] - M);
+        for (int e = 0; e < E; ++e) {
+            int d = lane * E + e;
+            float o = 0.0f;
+            for (int w = 0; w < W; ++w)
+                o += sl[w][g] == 0.0f ? 0.0f : sacc[w][g][d] * __expf(sm[w][g] - M);
+            part[((size_t)item * H + h) * D + d] = o / L;
+        }
+        if (lane == 0) lse[(size_t)item * H + h] = M + __logf(L);
+    }
+"""
+_grouped = []
+
+
+def grouped_decode(q, pool, tables, lengths, scale, work) -> mx.array:
+    if not _grouped:
+        _grouped.append(
+            mx.fast.cuda_kernel(
+                name="tandem_grouped_decode",
+                input_names=["q", "kv_pool", "tables", "lengths", "work", "scale", "dims"],
+                output_names=["part", "lse"],
+                source=_GROUPED,
+            )
+        )
+    b, h, d = q.shape
+    nw = kernels.WARPS
+    part, lse = _grouped[0](
+        inputs=[q, pool, tables, lengths, work.items, kernels._scale(scale), work.dims],
+        template=[
+            ("T", q.dtype),
+            ("H", h),
+            ("HKV", HKV),
+            ("D", d),
+            ("P", PAGE),
+            ("NW", nw),
+            ("CHUNK", kernels.CHUNK),
+            ("U", kernels.UNROLL),
+        ],
+        grid=(work.num_items * HKV * 32 * nw, 1, 1),
+        threadgroup=(32 * nw, 1, 1),
+        output_shapes=[(work.num_items, h, d), (work.num_items, h)],
+        output_dtypes=[mx.float32, mx.float32],
     )
+    (out,) = kernels._build("merge")(
+        inputs=[part, lse, work.offsets],
+        template=[("T", q.dtype), ("H", h), ("D", d)],
+        grid=(b * h * d, 1, 1),
+        threadgroup=(d, 1, 1),
+        output_shapes=[q.shape],
+        output_dtypes=[q.dtype],
+    )
+    return out
 
 
 def dense(b: int, n: int, dtype: mx.Dtype) -> float:
@@ -80,7 +223,10 @@ def main() -> None:
         for n in (int(x) for x in args.lengths.split(",")):
             row = {"batch": b, "length": n, "sdpa_us": round(dense(b, n, dtype), 2)}
             for c in chunks:
-                row[f"paged_chunk{c}_us"] = round(paged(b, n, dtype, c), 2)
+                ours, grouped, diff = paged(b, n, dtype, c)
+                row[f"paged_chunk{c}_us"] = round(ours, 2)
+                row[f"grouped_chunk{c}_us"] = round(grouped, 2)
+                row[f"grouped_chunk{c}_maxdiff"] = diff
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = {"device": str(mx.default_device()), "layers": LAYERS, "rows": rows}
