@@ -46,9 +46,9 @@ def per_call_us(fn, q: mx.array, repeats: int = 20) -> float:
     return statistics.median(times) / LAYERS * 1e6
 
 
-def paged(b: int, n: int, dtype: mx.Dtype, chunk: int) -> tuple[float, float, float]:
+def paged(b: int, n: int, dtype: mx.Dtype, chunk: int, warps: int) -> tuple[float, float, float]:
     """(paged kernel, grouped variant) microseconds per call, and their largest difference."""
-    kernels.CHUNK = chunk  # (a template value: its own compiled kernels)
+    kernels.CHUNK, kernels.WARPS = chunk, warps  # (template values: kernels of their own)
     pages = -(-n // PAGE)
     order = np.random.default_rng(0).permutation(b * pages + 1).astype(np.int32)
     tables = mx.array(order[: b * pages].reshape(b, pages))
@@ -201,6 +201,45 @@ def grouped_decode(q, pool, tables, lengths, scale, work) -> mx.array:
     return out
 
 
+_FLOOR = """
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < q_shape[0] * q_shape[1] * q_shape[2]) out[i] = q[i];
+"""
+
+
+def floor_us(b: int, dtype: mx.Dtype) -> tuple[float, float]:
+    """A custom kernel that copies q (the same inputs as the paged kernel's call), and one
+    that takes q alone: the per-call cost of MLX's custom-kernel dispatch, chained."""
+    kern = mx.fast.cuda_kernel(
+        name="tandem_floor",
+        input_names=["q", "pool", "tables"],
+        output_names=["out"],
+        source=_FLOOR,
+    )
+    lone = mx.fast.cuda_kernel(
+        name="tandem_floor_q", input_names=["q"], output_names=["out"], source=_FLOOR
+    )
+    pool = mx.random.normal((4096, 2 * HKV, D)).astype(dtype)
+    tables = mx.zeros((b, 64), dtype=mx.int32)
+    q = mx.random.normal((b, H, D)).astype(dtype)
+    mx.eval(pool, tables, q)
+    n = b * H * D
+
+    def call(x, k, inputs):
+        return k(
+            inputs=inputs,
+            template=[("T", dtype)],
+            grid=(n, 1, 1),
+            threadgroup=(128, 1, 1),
+            output_shapes=[x.shape],
+            output_dtypes=[x.dtype],
+        )[0]
+
+    full = per_call_us(lambda x: call(x, kern, [x, pool, tables]), q)
+    alone = per_call_us(lambda x: call(x, lone, [x]), q)
+    return full, alone
+
+
 def dense(b: int, n: int, dtype: mx.Dtype) -> float:
     k = mx.random.normal((b, HKV, n, D)).astype(dtype)
     v = mx.random.normal((b, HKV, n, D)).astype(dtype)
@@ -215,6 +254,8 @@ def main() -> None:
     p.add_argument("--chunks", default="512,256,128,64")
     p.add_argument("--batches", default="1,4,16,64")
     p.add_argument("--lengths", default="384,2048,8192")
+    p.add_argument("--warps", default="4", help="warps per block (kernels.WARPS)")
+    p.add_argument("--floor", action="store_true", help="also a copying custom kernel's cost")
     args = p.parse_args()
     dtype = mx.bfloat16
     chunks = [int(c) for c in args.chunks.split(",")]
@@ -222,11 +263,19 @@ def main() -> None:
     for b in (int(x) for x in args.batches.split(",")):
         for n in (int(x) for x in args.lengths.split(",")):
             row = {"batch": b, "length": n, "sdpa_us": round(dense(b, n, dtype), 2)}
+            if args.floor:
+                full, alone = floor_us(b, dtype)
+                row["copy_kernel_us"], row["copy_kernel_q_only_us"] = (
+                    round(full, 2),
+                    round(alone, 2),
+                )
+                row["add_us"] = round(per_call_us(lambda x: x + 1, mx.zeros((b, H, D), dtype)), 2)
             for c in chunks:
-                ours, grouped, diff = paged(b, n, dtype, c)
-                row[f"paged_chunk{c}_us"] = round(ours, 2)
-                row[f"grouped_chunk{c}_us"] = round(grouped, 2)
-                row[f"grouped_chunk{c}_maxdiff"] = diff
+                for w in (int(x) for x in args.warps.split(",")):
+                    ours, grouped, diff = paged(b, n, dtype, c, w)
+                    row[f"paged_c{c}_w{w}_us"] = round(ours, 2)
+                    row[f"grouped_c{c}_w{w}_us"] = round(grouped, 2)
+                    row[f"grouped_c{c}_w{w}_maxdiff"] = diff
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = {"device": str(mx.default_device()), "layers": LAYERS, "rows": rows}
