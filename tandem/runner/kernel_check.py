@@ -9,7 +9,7 @@ import logging
 import mlx.core as mx
 import numpy as np
 
-from tandem.runner import kv_quant
+from tandem.runner import kernels, kv_quant
 from tandem.runner.kernels import CHUNK, DecodeWork, paged_decode
 from tandem.runner.layers import LayerSpec
 from tandem.runner.paged import quantizable
@@ -64,12 +64,34 @@ def available(
         return _checked[key]
     ok = False
     if head_dim % 32 == 0 and num_heads % num_kv_heads == 0 and mx.default_device() != mx.cpu:
-        try:
-            ok = _selfcheck(head_dim, num_heads, num_kv_heads, dtype, quant)
-        except Exception as e:  # noqa: BLE001 - any failure means: use the gather path
-            log.warning("paged decode kernel unavailable (%s: %s)", type(e).__name__, e)
+        ok = _checked_variants(head_dim, num_heads, num_kv_heads, dtype, quant)
     _checked[key] = ok
     return ok
+
+
+def _checked_variants(
+    d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None
+) -> bool:
+    """``_selfcheck``; where the split variant's blocks serve several query heads
+    (``kernels.grouped``) and the check fails, again with one head a block (the layout
+    measured longest) before giving the kernel up."""
+    ok = _selfcheck_or_log(d, h, hkv, dtype, quant)
+    shape = (h, hkv, d, quant is not None)
+    if not ok and kernels.grouped(*shape) > 1:
+        log.warning("grouped split decode kernel failed its check: one query head a block")
+        kernels.UNGROUPED.add(shape)
+        ok = _selfcheck_or_log(d, h, hkv, dtype, quant)
+    return ok
+
+
+def _selfcheck_or_log(
+    d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None
+) -> bool:
+    try:
+        return _selfcheck(d, h, hkv, dtype, quant)
+    except Exception as e:  # noqa: BLE001 - any failure means: use the gather path
+        log.warning("paged decode kernel unavailable (%s: %s)", type(e).__name__, e)
+        return False
 
 
 def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None) -> bool:
