@@ -3,7 +3,9 @@ head dim 128, bf16): the paged kernel (runner/kernels.py) at several chunk sizes
 ``mx.fast.scaled_dot_product_attention`` over dense buffers of the same lengths, and an
 experimental variant, "grouped": one block per (work item, KV head) serving the query heads
 that share it (each K and V load feeds H / HKV dot products), always writing partials that
-kernels' merge combines. Its largest difference from the paged kernel is printed.
+kernels' merge combines. "perhead" is the paged kernel with one query head a block (as
+before 201f049), "paged" as it runs now (its split variant grouped: ``kernels.grouped``);
+the grouped outputs' largest difference from "perhead" is printed.
 
 Each timing chains 36 calls (a model's layers: each call's query is the output of the one
 before), evaluated once, so the launch and the wait are paid once per 36 and the number is
@@ -46,8 +48,12 @@ def per_call_us(fn, q: mx.array, repeats: int = 20) -> float:
     return statistics.median(times) / LAYERS * 1e6
 
 
-def paged(b: int, n: int, dtype: mx.Dtype, chunk: int, warps: int) -> tuple[float, float, float]:
-    """(paged kernel, grouped variant) microseconds per call, and their largest difference."""
+def paged(
+    b: int, n: int, dtype: mx.Dtype, chunk: int, warps: int
+) -> tuple[float, float, float, float]:
+    """Microseconds per call of the paged kernel one head a block, the paged kernel as it
+    runs (the split variant grouped: ``kernels.grouped``) and this script's grouped variant;
+    and the largest difference of either grouped output from the first."""
     kernels.CHUNK, kernels.WARPS = chunk, warps  # (template values: kernels of their own)
     pages = -(-n // PAGE)
     order = np.random.default_rng(0).permutation(b * pages + 1).astype(np.int32)
@@ -64,8 +70,16 @@ def paged(b: int, n: int, dtype: mx.Dtype, chunk: int, warps: int) -> tuple[floa
     def grouped(x):
         return grouped_decode(x, pool, tables, lengths, D**-0.5, work)
 
-    diff = mx.abs(ours(q).astype(mx.float32) - grouped(q).astype(mx.float32)).max().item()
-    return per_call_us(ours, q), per_call_us(grouped, q), diff
+    key = (H, HKV, D, False, dtype)  # the paged kernel one head a block, as before 201f049
+    kernels.UNGROUPED.add(key)
+    want = ours(q).astype(mx.float32)
+    perhead = per_call_us(ours, q)
+    kernels.UNGROUPED.discard(key)
+    diff = max(
+        mx.abs(want - grouped(q).astype(mx.float32)).max().item(),
+        mx.abs(want - ours(q).astype(mx.float32)).max().item(),
+    )
+    return perhead, per_call_us(ours, q), per_call_us(grouped, q), diff
 
 
 _GROUPED = """
@@ -272,7 +286,8 @@ def main() -> None:
                 row["add_us"] = round(per_call_us(lambda x: x + 1, mx.zeros((b, H, D), dtype)), 2)
             for c in chunks:
                 for w in (int(x) for x in args.warps.split(",")):
-                    ours, grouped, diff = paged(b, n, dtype, c, w)
+                    perhead, ours, grouped, diff = paged(b, n, dtype, c, w)
+                    row[f"perhead_c{c}_w{w}_us"] = round(perhead, 2)
                     row[f"paged_c{c}_w{w}_us"] = round(ours, 2)
                     row[f"grouped_c{c}_w{w}_us"] = round(grouped, 2)
                     row[f"grouped_c{c}_w{w}_maxdiff"] = diff

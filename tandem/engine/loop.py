@@ -39,7 +39,11 @@ class Runner(Protocol):
     ``reset`` drops every in-flight step and recreates the KV pool (after a failure)."""
 
     words: int  # int32 words of a grammar bitmask row
-    traces: int  # compiled graphs traced so far: a launch that traces met a new shape
+
+    @property
+    def shapes(self) -> int:
+        """Compiled step shapes met so far: a launch that meets a new one traces it."""
+        ...
 
     def launch(self, plan: StepPlan, parent: Any | None, masks: Any | None = None) -> Any: ...
 
@@ -56,7 +60,7 @@ class InFlightStep:
     handle: Any
     launched: float = 0.0  # the clock when its launch began
     # Its time is not a steady step's: its launch, or a child's launched before it
-    # finalized, traced a new shape (the model's Python, then MLX compiling kernels).
+    # finalized, met a new shape (traced: the model's Python, then MLX compiling kernels).
     fresh: bool = False
 
 
@@ -77,6 +81,7 @@ class OverlapLoop:
         self.curr: InFlightStep | None = None  # the oldest launched, unfinalized step
         self.num_steps = 0
         self.num_chained = 0
+        self.num_fresh = 0  # finalized steps whose time held a new shape's trace
         # Step times for the scheduler (engine/spec_gain.py): a step's run from its launch,
         # or the previous finalize if later, to its own finalize.
         self.clock = clock
@@ -140,10 +145,10 @@ class OverlapLoop:
         self._failing = plan
         # A fresh step knows every constrained row's previous token; a chained one waits.
         masks = None if parent else self.scheduler.grammar_masks(plan, self.runner.words)
-        traced = self.runner.traces
+        shapes = self.runner.shapes
         handle = self.runner.launch(plan, parent.handle if parent else None, masks)
         self._failing = None
-        return InFlightStep(plan, handle, launched, self.runner.traces != traced)
+        return InFlightStep(plan, handle, launched, self.runner.shapes != shapes)
 
     def _complete(self, s: InFlightStep) -> None:
         if s.plan.sampling.constrained:
@@ -160,6 +165,7 @@ class OverlapLoop:
         end = self.clock()
         tokens = sum(len(o.new_token_ids) for o in outputs)
         seconds = end - max(s.launched, self._last_end)
+        self.num_fresh += s.fresh
         self.scheduler.gain.timed(s.plan.step_id, tokens, seconds, fresh=s.fresh)
         self._last_end = end
 

@@ -40,12 +40,16 @@ draft catching up, a long replay) is within a few times the median and counts. E
 stays exact either way: this only decides how fast.
 
 Steps that meet a new shape are left out, plain and speculating alike (``fresh``: the
-runner traced a compiled graph while launching it, or while launching the step chained onto
-it, inside its interval). The first run of a batch meets many: rows grow past table widths
-and work-list sizes, a verify's rows and a draft's catch-ups are shapes of their own. On an
-H100 (8B shape, its first 4 layers drafting, 8 streams) the first run took 21-105 ms a
-launch to submit against 9-20 ms warm, for plain and speculating steps alike; the windows
-judged on them backed speculation off through runs where it paid 1.33-1.39x.
+runner met a compiled step shape for the first time while launching it, or while launching
+the step chained onto it, inside its interval; a shape traced again after the runner
+dropped it is a recurring cost and counts, within ``OUTLIER``). The first run of a batch
+meets many: rows grow past table widths and work-list sizes, a verify's rows and a draft's
+catch-ups are shapes of their own. On an H100 (8B shape, its first 4 layers drafting, 8
+streams) the first run took 21-105 ms a launch to submit against 9-20 ms warm, for plain
+and speculating steps alike; the windows judged on them backed speculation off through runs
+where it paid 1.33-1.39x; with them left out, 8 streams ran 1.57x of plain
+(docs/benchmarks.md). Small pages (``kv_page_size`` 4) widen the tables, a new shape, every
+32 tokens: there more steps are left out.
 
 A step's seconds run from its launch (or the previous step's finalize, if later: a chained
 step's time is the interval between finalizes) to its own finalize (engine/loop.py).
@@ -186,7 +190,9 @@ class SpecGain:
         what, rows, length = step
         if what == PLAIN:
             self.off_left = max(0, self.off_left - 1)
-            if fresh or rows not in self._first:
+            if fresh:
+                return
+            if rows not in self._first:
                 self._first.add(rows)  # (it may have waited for kernels to compile)
                 return
             plain_steps = self.plain.setdefault(rows, deque(maxlen=self.WINDOW))

@@ -72,34 +72,32 @@ def available(
 def _checked_variants(
     d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None
 ) -> bool:
-    """``_selfcheck``; where the split variant's blocks serve several query heads
-    (``kernels.grouped``) and the check fails, again with one head a block (the layout
-    measured longest) before giving the kernel up."""
-    ok = _selfcheck_or_log(d, h, hkv, dtype, quant)
-    shape = (h, hkv, d, quant is not None)
-    if not ok and kernels.grouped(*shape) > 1:
-        log.warning("grouped split decode kernel failed its check: one query head a block")
-        kernels.UNGROUPED.add(shape)
-        ok = _selfcheck_or_log(d, h, hkv, dtype, quant)
-    return ok
-
-
-def _selfcheck_or_log(
-    d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None
-) -> bool:
-    try:
-        return _selfcheck(d, h, hkv, dtype, quant)
-    except Exception as e:  # noqa: BLE001 - any failure means: use the gather path
-        log.warning("paged decode kernel unavailable (%s: %s)", type(e).__name__, e)
-        return False
-
-
-def _selfcheck(d: int, h: int, hkv: int, dtype: mx.Dtype, quant: kv_quant.KVQuant | None) -> bool:
     """Both variants against ``reference``, over pages scattered through the pool: ragged
     lengths within one chunk (the single launch), then one short, one inside a chunk and one
-    over three chunks (split and merge)."""
-    cases = ([1, 40, CHUNK], [1, 40, 2 * CHUNK + 77])
-    return all(_check_case(d, h, hkv, dtype, lengths, quant) for lengths in cases)
+    over three chunks (split and merge). Where the split variant's blocks serve several
+    query heads (``kernels.grouped``) and it fails, it is checked again with one head a
+    block (the layout measured longest) before the kernel is given up."""
+    if not _case(d, h, hkv, dtype, [1, 40, CHUNK], quant):
+        return False
+    split = [1, 40, 2 * CHUNK + 77]
+    if _case(d, h, hkv, dtype, split, quant):
+        return True
+    shape = (h, hkv, d, quant is not None, dtype)
+    if kernels.grouped(*shape) == 1:
+        return False
+    log.warning("grouped split decode kernel failed its check: one query head a block")
+    kernels.UNGROUPED.add(shape)
+    return _case(d, h, hkv, dtype, split, quant)
+
+
+def _case(
+    d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int], quant: kv_quant.KVQuant | None
+) -> bool:
+    try:
+        return _check_case(d, h, hkv, dtype, lengths, quant)
+    except Exception as e:  # noqa: BLE001 - any failure means: not this variant
+        log.warning("paged decode kernel failed (%s: %s)", type(e).__name__, e)
+        return False
 
 
 def _check_case(
@@ -131,7 +129,7 @@ def _check_case(
     if not ok:
         err = float(mx.max(mx.abs(got - want)))
         log.warning(
-            "paged decode kernel (%s) disagrees with the gather path (%.3g); not used",
+            "paged decode kernel (%s) disagrees with the gather path (%.3g)",
             "split" if work.split else "single",
             err,
         )

@@ -366,12 +366,14 @@ def _scale(scale: float) -> mx.array:
     return _scales[scale]
 
 
-# (query heads, KV heads, head dim, quantized pages) whose grouped split variant failed its
-# start-up check (runner/kernel_check.py): one query head a block there.
-UNGROUPED: set[tuple[int, int, int, bool]] = set()
+# (query heads, KV heads, head dim, quantized pages, dtype) whose grouped split variant
+# failed its start-up check (runner/kernel_check.py): one query head a block there.
+UNGROUPED: set[tuple] = set()
 
 
-def grouped(h: int, hkv: int, d: int, quantized: bool = False) -> int:
+def grouped(
+    h: int, hkv: int, d: int, quantized: bool = False, dtype: mx.Dtype = mx.bfloat16
+) -> int:
     """Query heads one block of the split variant serves on CUDA: all that share a KV head,
     so each K and V load feeds them all, where their registers (two values per head and
     dimension a lane holds) and shared memory allow; else one. On an H100 (Qwen3-8B
@@ -383,7 +385,7 @@ def grouped(h: int, hkv: int, d: int, quantized: bool = False) -> int:
     g = h // hkv
     if g <= 1 or g * (d // 32) > 32 or WARPS * g * d * 4 > 32 * 1024:
         return 1
-    return 1 if (h, hkv, d, quantized) in UNGROUPED else g
+    return 1 if (h, hkv, d, quantized, dtype) in UNGROUPED else g
 
 
 def paged_decode(
@@ -411,7 +413,7 @@ def paged_decode(
     ]
     per_block = 1  # query heads a block serves (CUDA: the split variant's, ``grouped``)
     if mx.cuda.is_available():
-        per_block = grouped(h, hkv, d, quantized) if work.split else 1
+        per_block = grouped(h, hkv, d, quantized, q.dtype) if work.split else 1
         template += [("U", unroll), ("GQ", per_block)]
     if quantized:
         template += [("BITS", pool.bits), ("G", pool.group)]

@@ -238,11 +238,13 @@ class ModelRunner:
         return self.pool.arrays() + extra
 
     @property
-    def traces(self) -> int:
-        """Compiled graphs traced so far, the draft model's included (a step whose launch
-        traces met a new shape: engine/loop.py)."""
-        own = self.static.traces if self.static is not None else 0
-        return own + (self.draft.runner.traces if self.draft is not None else 0)
+    def shapes(self) -> int:
+        """Compiled step shapes met so far, the draft model's included: a launch that meets
+        a new one traces it (the model's Python, then MLX compiling its kernels), a cost
+        paid once (engine/loop.py). A shape traced again after ``MAX_SHAPES`` dropped it
+        is not new: that is a recurring cost."""
+        own = len(self.static.shapes) if self.static is not None else 0
+        return own + (self.draft.runner.shapes if self.draft is not None else 0)
 
     def launch(
         self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None

@@ -138,10 +138,7 @@ def _body_of(ref: weakref.ref) -> Callable[..., tuple]:
     """The traced function, holding its ``StaticDecode`` weakly (the bound method would be
     a cycle through the compiled function, keeping a deleted engine's pool)."""
 
-    def body(*args):
-        return ref()._body(*args)
-
-    return body
+    return lambda *args: ref()._body(*args)
 
 
 class StaticDecode:
@@ -152,6 +149,7 @@ class StaticDecode:
         # match each call against all of them, and dropping it would drop them all).
         self._fns: OrderedDict[tuple, Callable[..., tuple]] = OrderedDict()
         self.traces = 0  # how often the Python model ran (tests, benchmarks)
+        self.shapes: set[tuple] = set()  # every shape ever met (a re-trace is not new)
         self.replays = 0  # compiled steps that replayed a trace
         self.verifies = 0  # compiled steps with speculative verify rows (or draft chunks)
         # A draft model's runner (runner/draft.py): its catch-up chunks, whose last
@@ -275,6 +273,7 @@ class StaticDecode:
             if len(self._fns) >= MAX_SHAPES:
                 self._fns.popitem(last=False)
             fn = self._fns[shape] = mx.compile(_body_of(weakref.ref(self)))
+            self.shapes.add(shape)
         self._fns.move_to_end(shape)
         # In place: the layers' last write tokens, which this step's writes chain onto
         # (runner/paged.py); otherwise the buffers themselves, and with two buffer sets

@@ -94,10 +94,10 @@ class FakeRunner:
     window: int = 0  # the window group's widest window and pages (0: none)
     window_pages: int = 0
     window_reads: int = 0  # sampled positions checked through the window pages
-    # Launches that "trace" a new shape, as a compiled runner's first step of a shape does
-    # (the loop's step timing leaves them out: engine/spec_gain.py).
-    traces: int = 0
-    trace_fn: Callable[[StepPlan], bool] | None = None
+    # Launches that meet a new compiled shape, as a compiled runner's first step of a
+    # shape does (the loop's step timing leaves them out: engine/spec_gain.py).
+    shapes: int = 0
+    new_shape_fn: Callable[[StepPlan], bool] | None = None
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -119,7 +119,7 @@ class FakeRunner:
         if self.fault is not None:
             self.fault(plan, "launch")
         self.launched.append(plan)
-        self.traces += self.trace_fn is not None and self.trace_fn(plan)
+        self.shapes += self.new_shape_fn is not None and self.new_shape_fn(plan)
         p = self.page_size
         tokens: list[int] = [0] * plan.num_rows
         proposals: list[list[int]] = []

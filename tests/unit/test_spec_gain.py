@@ -278,7 +278,7 @@ def test_the_loop_times_each_step_once_and_not_the_idle_time(overlap):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_loop_marks_the_steps_a_trace_falls_in(overlap):
-    """A launch that traces a new shape (the runner's ``traces`` count moves) makes its own
+    """A launch that meets a new shape (the runner's ``shapes`` count moves) makes its own
     step fresh, and, chained, the step in flight too: that step's interval ends at its
     finalize, after the child's launch."""
     import sys
@@ -291,7 +291,7 @@ def test_the_loop_marks_the_steps_a_trace_falls_in(overlap):
 
     engine, runner = engine_for(overlap, speculation=SpecConfig())  # (plain steps chain)
     tracing = {5, 9}
-    runner.trace_fn = lambda plan: plan.step_id in tracing
+    runner.new_shape_fn = lambda plan: plan.step_id in tracing
     marked: dict[int, bool] = {}
     timed = engine.scheduler.gain.timed
 
@@ -301,9 +301,9 @@ def test_the_loop_marks_the_steps_a_trace_falls_in(overlap):
 
     engine.scheduler.gain.timed = record
     drive(engine, {0: [("a", [3, 5, 7, 9], 1, 16), ("b", [4, 6, 8], 2, 16)]})
-    assert runner.traces == 2
+    assert runner.shapes == 2
     fresh = {sid for sid, f in marked.items() if f}
     chained = {p.step_id: p.parent_step for p in runner.launched if p.chained}
     want = tracing | {chained[s] for s in tracing if s in chained}
-    assert fresh == want
+    assert fresh == want and engine.loop.num_fresh == len(want)
     assert (len(want) == 4) == overlap
