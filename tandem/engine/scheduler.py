@@ -205,7 +205,8 @@ class Scheduler:
         proposals = speculation.fit_proposals(self, decodes, proposals, budget, need, wneed)
         if kv.states is not None:
             proposals = speculation.back_up(self, proposals)
-        need += speculation.extra_pages(kv, decodes, proposals)
+        if proposals:
+            need += speculation.extra_pages(kv, decodes, proposals)
         # New requests: pages for their known tokens, keeping the decodes' pages in reserve
         # (and with a window group, every running request's window room).
         wreserve = 0
@@ -239,7 +240,8 @@ class Scheduler:
             pos = req.num_computed
             proposal = proposals.get(req.request_id, [])
             n = 1 + len(proposal)
-            speculation.fit_slots(kv, req, n)  # (its draft may have come back shorter)
+            if req.spec_backup >= 0 or req.spec_positions:  # (its draft may have come
+                speculation.fit_slots(kv, req, n)  # back shorter than its slots)
             tokens = () if prow >= 0 else (req.token_at(pos), *proposal)
             segments.append(
                 Segment(

@@ -12,11 +12,11 @@ every query head of one KV head (``grouped``), each K and V load feeding them al
 warp (CUDA) or SIMD group (Metal) walks every W-th key of its chunk with an online softmax
 in float32 and the groups merge through shared memory. When every sequence fits one chunk
 that is the output (one launch); otherwise the blocks write normalized partials with their
-log-sum-exp and a second kernel merges each
-sequence's partials (two launches, where merging in MLX ops cost about ten per layer). K and
-V are read in place from the pool (no gather). Quantized pages (``runner.kv_quant``) are read
-in place too, on CUDA: each load takes its bits from the packed word and applies its group's
-scale and bias (the Metal body has no such variant; quantized pages gather there).
+log-sum-exp and a second kernel merges each sequence's partials (two launches, where merging
+in MLX ops cost about ten per layer). K and V are read in place from the pool (no gather).
+Quantized pages (``runner.kv_quant``) are read in place too, on CUDA: each load takes its
+bits from the packed word and applies its group's scale and bias (the Metal body has no such
+variant; quantized pages gather there).
 
 CUDA (``mx.fast.cuda_kernel``) is measured on the H200 (docs/benchmarks.md). The Metal
 version (``mx.fast.metal_kernel``) follows the same algorithm but could not be compiled or
