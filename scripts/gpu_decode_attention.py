@@ -3,9 +3,11 @@ head dim 128, bf16): the paged kernel (runner/kernels.py) at several chunk sizes
 ``mx.fast.scaled_dot_product_attention`` over dense buffers of the same lengths, and an
 experimental variant, "grouped": one block per (work item, KV head) serving the query heads
 that share it (each K and V load feeds H / HKV dot products), always writing partials that
-kernels' merge combines. "perhead" is the paged kernel with one query head a block (as
-before 201f049), "paged" as it runs now (its split variant grouped: ``kernels.grouped``);
-the grouped outputs' largest difference from "perhead" is printed.
+kernels' merge combines. "perhead" is the paged kernel with one query head a block and
+``--warps`` warps throughout (as before 201f049), "paged" as it runs now (its split variant
+grouped, ``kernels.grouped``; its single variant wide for small launches,
+``kernels.single_warps``); the grouped outputs' largest difference from "perhead" is
+printed.
 
 Each timing chains 36 calls (a model's layers: each call's query is the output of the one
 before), evaluated once, so the launch and the wait are paid once per 36 and the number is
@@ -70,11 +72,13 @@ def paged(
     def grouped(x):
         return grouped_decode(x, pool, tables, lengths, D**-0.5, work)
 
-    key = (H, HKV, D, False, dtype)  # the paged kernel one head a block, as before 201f049
+    key = (H, HKV, D, False, dtype)  # one head a block, ``warps`` throughout: as before
     kernels.UNGROUPED.add(key)
+    kernels.NARROW.add(key)
     want = ours(q).astype(mx.float32)
     perhead = per_call_us(ours, q)
     kernels.UNGROUPED.discard(key)
+    kernels.NARROW.discard(key)
     diff = max(
         mx.abs(want - grouped(q).astype(mx.float32)).max().item(),
         mx.abs(want - ours(q).astype(mx.float32)).max().item(),

@@ -74,15 +74,22 @@ def _checked_variants(
 ) -> bool:
     """Both variants against ``reference``, over pages scattered through the pool: ragged
     lengths within one chunk (the single launch), then one short, one inside a chunk and one
-    over three chunks (split and merge). Where the split variant's blocks serve several
-    query heads (``kernels.grouped``) and it fails, it is checked again with one head a
-    block (the layout measured longest) before the kernel is given up."""
-    if not _case(d, h, hkv, dtype, [1, 40, CHUNK], quant):
+    over three chunks (split and merge). The single variant runs at both its widths
+    (``kernels.single_warps``: a wide one that fails is not used). Where the split
+    variant's blocks serve several query heads (``kernels.grouped``) and it fails, it is
+    checked again with one head a block (the layout measured longest) before the kernel is
+    given up."""
+    shape = (h, hkv, d, quant is not None, dtype)
+    single = [1, 40, CHUNK]
+    if not _case(d, h, hkv, dtype, single, quant, kernels.WARPS):
         return False
+    wide = kernels.WIDE_WARPS
+    if wide != kernels.WARPS and not _case(d, h, hkv, dtype, single, quant, wide):
+        log.warning("wide single decode kernel failed its check: %d warps a block", kernels.WARPS)
+        kernels.NARROW.add(shape)
     split = [1, 40, 2 * CHUNK + 77]
     if _case(d, h, hkv, dtype, split, quant):
         return True
-    shape = (h, hkv, d, quant is not None, dtype)
     if kernels.grouped(*shape) == 1:
         return False
     log.warning("grouped split decode kernel failed its check: one query head a block")
@@ -91,17 +98,29 @@ def _checked_variants(
 
 
 def _case(
-    d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int], quant: kv_quant.KVQuant | None
+    d: int,
+    h: int,
+    hkv: int,
+    dtype: mx.Dtype,
+    lengths: list[int],
+    quant: kv_quant.KVQuant | None,
+    warps: int | None = None,
 ) -> bool:
     try:
-        return _check_case(d, h, hkv, dtype, lengths, quant)
+        return _check_case(d, h, hkv, dtype, lengths, quant, warps)
     except Exception as e:  # noqa: BLE001 - any failure means: not this variant
         log.warning("paged decode kernel failed (%s: %s)", type(e).__name__, e)
         return False
 
 
 def _check_case(
-    d: int, h: int, hkv: int, dtype: mx.Dtype, lengths: list[int], quant: kv_quant.KVQuant | None
+    d: int,
+    h: int,
+    hkv: int,
+    dtype: mx.Dtype,
+    lengths: list[int],
+    quant: kv_quant.KVQuant | None,
+    warps: int | None = None,
 ) -> bool:
     p, pages = 16, 96
     rng = np.random.default_rng(0)
@@ -122,7 +141,7 @@ def _check_case(
         kv = pool
     t, n = mx.array(tables), mx.array(lengths, dtype=mx.int32)
     work = DecodeWork(lengths)
-    got = paged_decode(q, kv, t, n, d**-0.5, p, work).astype(mx.float32)
+    got = paged_decode(q, kv, t, n, d**-0.5, p, work, warps=warps).astype(mx.float32)
     want = reference(q, kv, t, n, d**-0.5, p).astype(mx.float32)
     tol = 1e-4 if dtype == mx.float32 else 2e-2
     ok = bool(mx.allclose(got, want, atol=tol, rtol=tol))

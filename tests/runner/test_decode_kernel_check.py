@@ -13,6 +13,7 @@ from tandem.runner import kernel_check, kernels
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     monkeypatch.setattr(kernels, "UNGROUPED", set())
+    monkeypatch.setattr(kernels, "NARROW", set())
 
 
 def test_grouping_where_registers_and_shared_memory_allow():
@@ -25,47 +26,110 @@ def test_grouping_where_registers_and_shared_memory_allow():
 
 
 def _patched(monkeypatch, agrees):
-    """``_check_case`` replaced: ``agrees(grouped, split)`` decides; returns the calls
-    (query heads a split block serves, or 0 for the single variant)."""
-    seen: list[int] = []
+    """``_check_case`` replaced: ``agrees(layout)`` decides; returns the layouts checked,
+    ("single", warps) or ("split", query heads a block)."""
+    seen: list[tuple[str, int]] = []
 
-    def case(d, h, hkv, dtype, lengths, quant):
-        split = max(lengths) > kernel_check.CHUNK
-        g = kernels.grouped(h, hkv, d, quant is not None, dtype) if split else 0
-        seen.append(g)
-        return agrees(g, split)
+    def case(d, h, hkv, dtype, lengths, quant, warps=None):
+        if max(lengths) > kernel_check.CHUNK:
+            layout = ("split", kernels.grouped(h, hkv, d, quant is not None, dtype))
+        else:
+            layout = ("single", warps)
+        seen.append(layout)
+        return agrees(layout)
 
     monkeypatch.setattr(kernel_check, "_check_case", case)
     return seen
 
 
+SINGLE = [("single", kernels.WARPS), ("single", kernels.WIDE_WARPS)]
+
+
 def test_a_failing_grouped_split_is_checked_again_one_head_a_block(monkeypatch):
-    seen = _patched(monkeypatch, lambda g, split: g <= 1)
+    seen = _patched(monkeypatch, lambda layout: layout != ("split", 4))
     assert kernel_check._checked_variants(128, 32, 8, mx.bfloat16, None)
-    assert seen == [0, 4, 1]  # single, grouped split, split one head a block
+    assert seen == [*SINGLE, ("split", 4), ("split", 1)]
     assert kernels.grouped(32, 8, 128) == 1
     assert kernels.grouped(32, 8, 128, quantized=True) == 4  # (each checked on its own)
     assert kernels.grouped(32, 8, 128, dtype=mx.float16) == 4
 
 
-def test_a_failing_single_variant_gives_the_kernel_up_without_a_retry(monkeypatch):
-    seen = _patched(monkeypatch, lambda g, split: split)
+def test_a_failing_wide_single_variant_runs_narrow(monkeypatch):
+    seen = _patched(monkeypatch, lambda layout: layout != ("single", kernels.WIDE_WARPS))
+    assert kernel_check._checked_variants(128, 32, 8, mx.bfloat16, None)
+    assert seen == [*SINGLE, ("split", 4)]
+    shape = (32, 8, 128, False, mx.bfloat16)
+    assert kernels.single_warps(32, shape) == kernels.WARPS
+    assert kernels.single_warps(32, (32, 8, 128, True, mx.bfloat16)) == kernels.WIDE_WARPS
+
+
+def test_a_failing_narrow_single_variant_gives_the_kernel_up(monkeypatch):
+    seen = _patched(monkeypatch, lambda layout: layout[0] == "split")
     assert not kernel_check._checked_variants(128, 32, 8, mx.bfloat16, None)
-    assert seen == [0] and not kernels.UNGROUPED
+    assert seen == SINGLE[:1] and not kernels.UNGROUPED and not kernels.NARROW
 
 
 def test_a_failure_without_grouping_gives_the_kernel_up(monkeypatch):
-    seen: list[int] = []
-
-    def fails(d, h, hkv, dtype, lengths, quant):
-        seen.append(kernels.grouped(h, hkv, d) if max(lengths) > kernel_check.CHUNK else 0)
-        if seen[-1]:
+    def fails(layout):
+        if layout[0] == "split":
             raise RuntimeError("the kernel did not compile")
         return True
 
-    monkeypatch.setattr(kernel_check, "_check_case", fails)
+    seen = _patched(monkeypatch, fails)
     assert not kernel_check._checked_variants(128, 16, 16, mx.bfloat16, None)
-    assert seen == [0, 1]
+    assert seen == [*SINGLE, ("split", 1)]
     seen.clear()
     assert not kernel_check._checked_variants(128, 32, 8, mx.bfloat16, None)
-    assert seen == [0, 4, 1]  # grouped, then one head a block, then the gather path
+    assert seen == [*SINGLE, ("split", 4), ("split", 1)]  # then the gather path
+
+
+class _Launches:
+    """``kernels._build`` replaced: records each launch's kernel, template, grid and block
+    (the kernels themselves run on CUDA only) and returns zeros of its outputs."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[tuple[str, dict, int, int]] = []
+        monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(kernels, "_build", self.build)
+
+    def build(self, name, quantized=False):
+        def launch(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+            self.calls.append((name, dict(template), grid[0], threadgroup[0]))
+            return [mx.zeros(s, dtype=t) for s, t in zip(output_shapes, output_dtypes, strict=True)]
+
+        return launch
+
+    def run(self, lengths: list[int], h: int = 32, hkv: int = 8, d: int = 128):
+        page = 16
+        width = -(-max(lengths) // page)
+        pool = mx.zeros((len(lengths) * width * page, 2 * hkv, d), dtype=mx.bfloat16)
+        q = mx.zeros((len(lengths), h, d), dtype=mx.bfloat16)
+        tables = mx.zeros((len(lengths), width), dtype=mx.int32)
+        work = kernels.DecodeWork(lengths, width)
+        out = kernels.paged_decode(q, pool, tables, mx.array(lengths), d**-0.5, page, work)
+        assert out.shape == q.shape
+        return work
+
+
+def test_launch_layouts(monkeypatch):
+    """Within one chunk: one query head a block, wide where the launch is small; split:
+    blocks of all the query heads of a KV head, then the merge."""
+    runs = _Launches(monkeypatch)
+    runs.run([384])  # one sequence, 32 blocks
+    name, template, grid, block = runs.calls.pop()
+    assert (name, template["NW"], template["GQ"]) == ("single", kernels.WIDE_WARPS, 1)
+    assert block == 32 * kernels.WIDE_WARPS and grid == 32 * block
+    runs.run([384] * 16)  # 512 blocks: narrow
+    name, template, grid, block = runs.calls.pop()
+    assert (template["NW"], block, grid) == (kernels.WARPS, 32 * kernels.WARPS, 16 * 32 * block)
+    work = runs.run([2000, 30])  # 4 + 1 chunks: split, 8 KV heads' blocks an item
+    (split, t1, g1, b1), (merge, _, g2, b2) = runs.calls[-2:]
+    assert (split, merge, t1["GQ"], t1["NW"]) == ("split", "merge", 4, kernels.WARPS)
+    assert work.num_items == 5 and g1 == 5 * 8 * b1 and b1 == 32 * kernels.WARPS
+    assert (g2, b2) == (2 * 32 * 128, 128)
+    kernels.UNGROUPED.add((32, 8, 128, False, mx.bfloat16))
+    kernels.NARROW.add((32, 8, 128, False, mx.bfloat16))
+    runs.run([2000, 30])
+    assert runs.calls[-2][1]["GQ"] == 1 and runs.calls[-2][2] == 5 * 32 * 32 * kernels.WARPS
+    runs.run([384])
+    assert runs.calls[-1][1]["NW"] == kernels.WARPS
