@@ -83,9 +83,10 @@ def _checked_variants(
     single = [1, 40, CHUNK]
     if not _case(d, h, hkv, dtype, single, quant, kernels.WARPS):
         return False
-    wide = kernels.WIDE_WARPS
-    if wide != kernels.WARPS and not _case(d, h, hkv, dtype, single, quant, wide):
-        log.warning("wide single decode kernel failed its check: %d warps a block", kernels.WARPS)
+    wide = kernels.WIDE_WARPS  # (CUDA only: elsewhere the single variant runs ``WARPS``)
+    cuda = mx.cuda.is_available() and wide != kernels.WARPS
+    if cuda and not _case(d, h, hkv, dtype, single, quant, wide):
+        log.warning("the decode kernel at %d warps a block failed its check: not used", wide)
         kernels.NARROW.add(shape)
     split = [1, 40, 2 * CHUNK + 77]
     if _case(d, h, hkv, dtype, split, quant):

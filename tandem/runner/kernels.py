@@ -139,9 +139,9 @@ def grouped(
 
 # The single variant's warps a block on CUDA where a launch has at most ``WIDE_BLOCKS``
 # blocks (one to four sequences of Qwen3-8B's 32 query heads): each warp walks a quarter of
-# the keys. On an H100 (``scripts/gpu_decode_attention.py --warps 4,8,16``, 384 keys) a
-# layer took 43 instead of 60 us at one sequence and 55 instead of 66 at four; at 16
-# sequences (512 blocks) 125 instead of 72, so wider blocks stop there.
+# the keys it walks at ``WARPS``. On an H100 (``scripts/gpu_decode_attention.py --warps
+# 4,8,16``, 384 keys) a layer took 43 instead of 60 us at one sequence and 55 instead of
+# 66 at four; at 16 sequences (512 blocks) 125 instead of 72, so wider blocks stop there.
 WIDE_WARPS = 16
 WIDE_BLOCKS = 128
 # Shapes (as ``UNGROUPED``'s) whose wide single variant failed its start-up check.

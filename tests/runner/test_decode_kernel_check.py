@@ -39,6 +39,7 @@ def _patched(monkeypatch, agrees):
         return agrees(layout)
 
     monkeypatch.setattr(kernel_check, "_check_case", case)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     return seen
 
 
@@ -99,14 +100,16 @@ class _Launches:
 
         return launch
 
-    def run(self, lengths: list[int], h: int = 32, hkv: int = 8, d: int = 128):
+    def run(self, lengths: list[int], h: int = 32, hkv: int = 8, d: int = 128, warps=None):
         page = 16
         width = -(-max(lengths) // page)
         pool = mx.zeros((len(lengths) * width * page, 2 * hkv, d), dtype=mx.bfloat16)
         q = mx.zeros((len(lengths), h, d), dtype=mx.bfloat16)
         tables = mx.zeros((len(lengths), width), dtype=mx.int32)
         work = kernels.DecodeWork(lengths, width)
-        out = kernels.paged_decode(q, pool, tables, mx.array(lengths), d**-0.5, page, work)
+        out = kernels.paged_decode(
+            q, pool, tables, mx.array(lengths), d**-0.5, page, work, warps=warps
+        )
         assert out.shape == q.shape
         return work
 
@@ -133,3 +136,34 @@ def test_launch_layouts(monkeypatch):
     assert runs.calls[-2][1]["GQ"] == 1 and runs.calls[-2][2] == 5 * 32 * 32 * kernels.WARPS
     runs.run([384])
     assert runs.calls[-1][1]["NW"] == kernels.WARPS
+
+
+def test_the_checks_width_reaches_the_kernel_and_the_widths_boundary(monkeypatch):
+    runs = _Launches(monkeypatch)
+    runs.run([384], warps=kernels.WARPS)  # (the start-up check's narrow run)
+    assert runs.calls[-1][1]["NW"] == kernels.WARPS
+    runs.run([384] * 16, warps=kernels.WIDE_WARPS)
+    assert runs.calls[-1][1]["NW"] == kernels.WIDE_WARPS
+    runs.run([384] * 4)  # 128 blocks: wide
+    assert runs.calls[-1][1]["NW"] == kernels.WIDE_WARPS
+    runs.run([384] * 5)  # 160: narrow
+    assert runs.calls[-1][1]["NW"] == kernels.WARPS
+
+
+def test_off_cuda_one_layout(monkeypatch):
+    """Metal (or any backend but CUDA): 4 warps a block, one head, no CUDA-only template
+    values, whatever ``warps`` asks; and the check does not run a wide case."""
+    runs = _Launches(monkeypatch)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    runs.run([384], warps=kernels.WIDE_WARPS)
+    runs.run([2000, 30])
+    kernels_run = [c for c in runs.calls if c[0] != "merge"]
+    assert [c[0] for c in kernels_run] == ["single", "split"]
+    for _, template, _, block in kernels_run:
+        assert template["NW"] == kernels.WARPS and block == 32 * kernels.WARPS
+        assert "GQ" not in template and "U" not in template
+    assert kernels_run[1][2] == 5 * 32 * 32 * kernels.WARPS  # one head a block
+    seen = _patched(monkeypatch, lambda layout: True)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    assert kernel_check._checked_variants(128, 32, 8, mx.bfloat16, None)
+    assert [layout for layout in seen if layout[0] == "single"] == [("single", kernels.WARPS)]
