@@ -98,17 +98,10 @@ def _checked_variants(
     return _case(d, h, hkv, dtype, split, quant)
 
 
-def _case(
-    d: int,
-    h: int,
-    hkv: int,
-    dtype: mx.Dtype,
-    lengths: list[int],
-    quant: kv_quant.KVQuant | None,
-    warps: int | None = None,
-) -> bool:
+def _case(*case) -> bool:
+    """``_check_case(*case)``, a failure to build or run counting as a disagreement."""
     try:
-        return _check_case(d, h, hkv, dtype, lengths, quant, warps)
+        return _check_case(*case)
     except Exception as e:  # noqa: BLE001 - any failure means: not this variant
         log.warning("paged decode kernel failed (%s: %s)", type(e).__name__, e)
         return False
