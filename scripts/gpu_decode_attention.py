@@ -18,34 +18,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 import tandem.runner  # noqa: F401, I001  (BLAS preload before mlx)
+from tandem.bench.paged_attention import timeit
 from tandem.runner import kernels
 
 H, HKV, D, LAYERS, PAGE = 32, 8, 128, 36, 16
 
 
 def per_call_us(fn, q: mx.array, repeats: int = 20) -> float:
+    """Microseconds per call of ``fn`` chained ``LAYERS`` times from ``q`` (``timeit``'s
+    median of one evaluation of the chain, after its warm-up)."""
+
     def chain():
         x = q
         for _ in range(LAYERS):
             x = fn(x)
         return x
 
-    for _ in range(3):
-        mx.eval(chain())
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        mx.eval(chain())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) / LAYERS * 1e6
+    return timeit(chain, repeats) * 1e3 / LAYERS
 
 
 def paged(b: int, n: int, dtype: mx.Dtype, chunk: int, warps: int) -> tuple[float, float, float]:

@@ -173,7 +173,8 @@ def paged_decode(
     hkv = (pool.entry[0] if quantized else pool.shape[1]) // 2
     shape = (h, hkv, d, quantized, q.dtype)
     nw, per_block = WARPS, 1  # warps a block, and query heads it serves
-    if mx.cuda.is_available():
+    cuda = mx.cuda.is_available()
+    if cuda:
         if work.split:
             per_block = grouped(*shape)
         else:
@@ -187,7 +188,7 @@ def paged_decode(
         ("NW", nw),
         ("CHUNK", CHUNK),
     ]
-    if mx.cuda.is_available():
+    if cuda:
         template += [("U", unroll), ("GQ", per_block)]
     if quantized:
         template += [("BITS", pool.bits), ("G", pool.group)]
