@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlx_lm.utils import load
 
-from tandem.bench import ceiling, step_profile
+from tandem.bench import ceiling, ramp, step_profile
 from tests.parity.test_mlx_lm_parity import reference
 
 
@@ -20,6 +20,20 @@ def test_step_profile_phases_add_up_and_count_graph_nodes(tiny_model_dir):
         assert 0.5 * r["step"] < parts < 2 * r["step"]
         assert r["tok_s"] > 0
         assert (r.get("nodes", 0) > 50) == (not overlap)
+
+
+def test_ramp_splits_a_run_into_prefill_and_decode_steps(tiny_model_dir):
+    """4 prompts of 24 tokens with a 32-token step budget: the ramp takes at least 2 loop
+    steps (96 prompt tokens; a loop step that starts the chain launches two), every prompt
+    token is counted once, and the run goes on in steps of the 4 decode rows alone."""
+    r = ramp._tandem(tiny_model_dir("llama"), 4, 24, 10, 32, {})
+    steps = r["steps"]
+    assert sum(s["prefill_tokens"] for s in steps) == 4 * 24
+    assert all(s["prefill_tokens"] <= 2 * 32 for s in steps)
+    assert 2 <= r["ramp_steps"] < len(steps)
+    assert sum(s["decode_rows"] == 4 and not s["prefill_tokens"] for s in steps) >= 5
+    assert r["decode_steps"] + r["ramp_steps"] == len(steps)
+    assert abs(r["ramp_s"] + r["decode_s"] - sum(s["ms"] for s in steps) / 1e3) < 1e-9
 
 
 def test_plain_loop_ceiling_decodes_mlx_lms_greedy_tokens(tiny_model_dir):
