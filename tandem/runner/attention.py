@@ -121,6 +121,9 @@ def gather_attention(
             mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask, sinks=sinks)
         )
     for c in view.chunks:
+        if c.count > 1:  # new prompts of n tokens each: one batched call
+            outs.append(_fresh_batch(c, queries, keys, values, pool, scale, sinks))
+            continue
         q = queries[c.first : c.first + c.n, :, 0, :].transpose(1, 0, 2)[None]  # (1, H, n, D)
         if c.slots is None:
             k, v = kv_quant.roundtrip(
@@ -142,3 +145,19 @@ def gather_attention(
     if view.unpermute is not None:
         out = out[view.unpermute]
     return out
+
+
+def _fresh_batch(c, queries, keys, values, pool, scale: float, sinks) -> mx.array:
+    """``c.count`` sequences of ``c.n`` tokens from ``c.first``, each attending its own fresh
+    keys causally: (count n, H, 1, D)."""
+    lo, hi = c.first, c.first + c.n * c.count
+    k, v = kv_quant.roundtrip(pool, keys[lo:hi, :, 0, :], values[lo:hi, :, 0, :])
+
+    def batch(x: mx.array) -> mx.array:  # (count n, heads, D) -> (count, heads, n, D)
+        return x.reshape(c.count, c.n, *x.shape[1:]).transpose(0, 2, 1, 3)
+
+    q = batch(queries[lo:hi, :, 0, :])
+    o = mx.fast.scaled_dot_product_attention(
+        q, mx.contiguous(batch(k)), mx.contiguous(batch(v)), scale=scale, mask="causal", sinks=sinks
+    )
+    return o.transpose(0, 2, 1, 3).reshape(hi - lo, o.shape[1], 1, o.shape[3])

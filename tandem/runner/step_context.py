@@ -116,12 +116,16 @@ class DecodeGroup:
 @dataclass
 class ChunkItem:
     """A multi-token segment: queries ``[first, first + n)`` over the gathered ``slots``
-    (None: its own fresh keys) under ``mask`` ("causal" or an (n, keys) bool array)."""
+    (None: its own fresh keys) under ``mask`` ("causal" or an (n, keys) bool array). Or
+    ``count`` such segments of ``n`` tokens each, one after another from ``first``, each
+    over its own fresh keys under a causal mask: new prompts' chunks, attended in one
+    batched call (``batch_fresh``)."""
 
     first: int
     n: int
     slots: mx.array | None
     mask: mx.array | str = "causal"
+    count: int = 1
     _rows: dict[int, mx.array] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def head_rows(self, hkv: int) -> mx.array:
@@ -130,6 +134,27 @@ class ChunkItem:
         if hkv not in self._rows:
             self._rows[hkv] = kv_quant.head_rows(self.slots, hkv)
         return self._rows[hkv]
+
+
+def batch_fresh(chunks: list[ChunkItem]) -> list[ChunkItem]:
+    """Runs of consecutive chunks of equal length that each start a sequence (fresh keys,
+    causal) as one batched item: one attention call instead of one per prompt."""
+    out: list[ChunkItem] = []
+    for c in chunks:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and c.slots is None
+            and last.slots is None
+            and isinstance(c.mask, str)
+            and isinstance(last.mask, str)
+            and c.n == last.n
+            and c.first == last.first + last.n * last.count
+        ):
+            last.count += 1
+        else:
+            out.append(c)
+    return out
 
 
 def group_decodes(lengths: list[int]) -> list[list[int]]:
@@ -309,8 +334,9 @@ class StepContext:
                         starts=[starts[i] for i in group],
                     )
                 )
+        chunks = batch_fresh(chunks)
         for c in chunks:
-            order += range(c.first, c.first + c.n)
+            order += range(c.first, c.first + c.n * c.count)
         unpermute = (
             None
             if order == list(range(t))

@@ -103,3 +103,47 @@ def test_verify_positions_attend_as_decodes_exactly_as_a_chunk():
     want = gather_attention(chunked, q, kv, kv, pool, 0.3)
     got = gather_attention(expanded, q, kv, kv, pool, 0.3)
     assert np.allclose(np.array(got), np.array(want), atol=1e-5)
+
+
+def test_new_prompts_of_one_length_attend_in_one_batched_call():
+    """Consecutive chunks of equal length that start their sequences go to attention as one
+    batched item; a shorter one, one read from the pool, and a decode stay apart; the
+    output is each sequence's own causal attention, token-exact with one call each."""
+    import mlx.core as mx
+    import numpy as np
+
+    from tandem.engine.plan import Segment
+    from tandem.runner.attention import gather_attention
+    from tandem.runner.step_context import StepContext
+
+    p, hkv, h, d = 4, 2, 4, 8
+    rng = np.random.default_rng(1)
+    pool = mx.array(rng.standard_normal((64 * p, 2 * hkv, d)).astype(np.float32))
+    segs = [
+        Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        *(Segment(f"n{i}", 0, 6, (1,) * 6, (10 + 2 * i, 11 + 2 * i)) for i in range(3)),
+        Segment("short", 0, 5, (1,) * 5, (30, 31)),
+        Segment("tail", 6, 6, (1,) * 6, (40, 41, 42)),
+        *(Segment(f"m{i}", 0, 6, (1,) * 6, (50 + 2 * i, 51 + 2 * i)) for i in range(2)),
+    ]
+    t = sum(s.num_tokens for s in segs)
+    q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
+    kv = mx.array(rng.standard_normal((t, hkv, 1, d)).astype(np.float32))
+    view = StepContext(segs, p, kernel=False).view(None, kernel=False)
+    assert [(c.n, c.count, c.slots is None) for c in view.chunks] == [
+        (6, 3, True),
+        (5, 1, True),
+        (6, 1, False),
+        (6, 2, True),
+    ]
+    got = np.array(gather_attention(view, q, kv, kv, pool, 0.3))
+    for c in view.chunks:
+        if c.slots is not None:
+            continue
+        for i in range(c.count):
+            first = c.first + i * c.n
+            qs = q[first : first + c.n, :, 0, :].transpose(1, 0, 2)[None]
+            ks = kv[first : first + c.n, :, 0, :].transpose(1, 0, 2)[None]
+            want = mx.fast.scaled_dot_product_attention(qs, ks, ks, scale=0.3, mask="causal")
+            want = np.array(want[0].transpose(1, 0, 2))
+            assert np.array_equal(got[first : first + c.n, :, 0, :], want), (c.first, i)
