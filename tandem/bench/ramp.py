@@ -16,6 +16,7 @@ its decode loop) for comparison.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -123,10 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="2048", help="max_num_batched_tokens values to run")
     p.add_argument("--engine-options", default="{}", help="JSON of more engine options")
     p.add_argument("--no-ceiling", action="store_true")
+    p.add_argument(
+        "--unbatched-too",
+        action="store_true",
+        help="also run each budget with new prompts' chunks attended one call each "
+        "(step_context.BATCH_FRESH off)",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
     import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
+    from tandem.runner import step_context
 
     opts = json.loads(args.engine_options)
     run = (args.batch, args.input_len, args.output_len)
@@ -143,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         results["tandem"] = []
-        for budget in [int(x) for x in args.budgets.split(",") if x]:
+        budgets = [int(x) for x in args.budgets.split(",") if x]
+        for budget, batched in itertools.product(budgets, (True, False)):
+            if not batched and not args.unbatched_too:
+                continue
+            step_context.BATCH_FRESH = batched
             r = _tandem(path, *run, budget, opts)
+            step_context.BATCH_FRESH = True
+            r["batch_fresh"] = batched
             results["tandem"].append(r)
             print(
-                f"budget {budget}: {r['tok_s']:,.0f} tok/s, {r['seconds']:.2f} s; ramp "
+                f"budget {budget}{'' if batched else ' unbatched'}: {r['tok_s']:,.0f} tok/s, "
+                f"{r['seconds']:.2f} s; ramp "
                 f"{r['ramp_steps']} steps {r['ramp_s']:.2f} s (median "
                 f"{r['ramp_step_ms_median']:.1f} ms); decode {r['decode_steps']} steps "
                 f"{r['decode_s']:.2f} s (median {r['decode_step_ms_median']:.2f} ms)",

@@ -24,6 +24,7 @@ from tandem.engine.plan import Segment
 from tandem.runner import kernels, kv_quant
 
 MAX_PADDING = 0.25  # padded key slots allowed per batched decode group
+BATCH_FRESH = True  # new prompts' equal chunks in one attention call (batch_fresh)
 
 
 def first_key(pos, span: int | None):
@@ -334,7 +335,8 @@ class StepContext:
                         starts=[starts[i] for i in group],
                     )
                 )
-        chunks = batch_fresh(chunks)
+        if BATCH_FRESH:
+            chunks = batch_fresh(chunks)
         for c in chunks:
             order += range(c.first, c.first + c.n * c.count)
         unpermute = (
