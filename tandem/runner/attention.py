@@ -10,7 +10,8 @@ A paged step feeds its tokens as a batch of single-token sequences, ``(T, heads,
 queries. Single-token segments (decodes) are attended in groups of similar length over their
 own pages (gathered, padded to the group's longest, masked) or by the decode kernel; a
 multi-token segment (a prefill chunk) gathers its own pages — or, starting at 0, uses its
-fresh keys — and runs the fused SDPA. A sliding-window layer reads the last W positions only.
+fresh keys — and runs the fused SDPA; consecutive new prompts' chunks of one length run it
+once, batched (``step_context.batch_fresh``). A sliding-window layer reads the last W positions only.
 Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes them. Either way a step reads
 the keys its segments have, not rows x longest.
 
