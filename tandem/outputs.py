@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineOutput:
-    """Tokens a request gained in one finalized step (``finish_reason`` set on its last)."""
+    """Tokens a request gained in one finalized step (``finish_reason`` set on its last).
+    Immutable by convention, not ``frozen`` (one a row a step: see ``plan.Segment``)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
