@@ -66,8 +66,10 @@ def _tandem(path: Path, b: int, in_len: int, out_len: int, budget: int, opts: di
         outs = llm.generate(sets[1], sp)
         total = time.perf_counter() - t
     finally:
-        loop.runner.launch, loop.step = real_launch, real_step
-        llm = None
+        del loop.runner.launch, loop.step  # (the instances' hooks: their own methods again)
+        # Nothing may keep the engine past here: the next run's pool is sized from the
+        # memory left free.
+        llm = loop = real_launch = real_step = None  # (the hooks' closures read these)
         free()
     assert sum(len(o.token_ids) for o in outs) == b * out_len
     ramp = [s for s in steps if s["prefill_tokens"]]
@@ -156,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             if not batched and not args.unbatched_too:
                 continue
             step_context.BATCH_FRESH = batched
-            r = _tandem(path, *run, budget, opts)
-            step_context.BATCH_FRESH = True
+            try:
+                r = _tandem(path, *run, budget, opts)
+            finally:
+                step_context.BATCH_FRESH = True
             r["batch_fresh"] = batched
             results["tandem"].append(r)
             print(

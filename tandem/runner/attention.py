@@ -11,9 +11,9 @@ queries. Single-token segments (decodes) are attended in groups of similar lengt
 own pages (gathered, padded to the group's longest, masked) or by the decode kernel; a
 multi-token segment (a prefill chunk) gathers its own pages — or, starting at 0, uses its
 fresh keys — and runs the fused SDPA; consecutive new prompts' chunks of one length run it
-once, batched (``step_context.batch_fresh``). A sliding-window layer reads the last W positions only.
-Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes them. Either way a step reads
-the keys its segments have, not rows x longest.
+once, batched (``step_context.batch_fresh``). A sliding-window layer reads the last W
+positions only. Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes them.
+Either way a step reads the keys its segments have, not rows x longest.
 
 Keys reach attention from the layer that stored them, or from another layer: gemma3n and
 gemma4 layers share an earlier layer's KV (passed with that layer's cache, or with none),

@@ -147,3 +147,46 @@ def test_new_prompts_of_one_length_attend_in_one_batched_call():
             want = mx.fast.scaled_dot_product_attention(qs, ks, ks, scale=0.3, mask="causal")
             want = np.array(want[0].transpose(1, 0, 2))
             assert np.array_equal(got[first : first + c.n, :, 0, :], want), (c.first, i)
+
+
+@pytest.mark.parametrize("pool_kind", ["float", "int8"])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind, sinks):
+    """Batched and one call per prompt give the same bits, with decodes between the runs
+    (the outputs come back out of token order: ``unpermute``), on quantized pages (fresh
+    keys read as the pool would return them) and with attention sinks."""
+    import mlx.core as mx
+    import numpy as np
+
+    from tandem.engine.plan import Segment
+    from tandem.runner import step_context
+    from tandem.runner.attention import gather_attention
+    from tandem.runner.kv_quant import KVQuant, QuantizedPages
+    from tandem.runner.step_context import StepContext
+
+    p, hkv, h, d = 4, 2, 4, 32
+    rng = np.random.default_rng(2)
+    if pool_kind == "float":
+        pool = mx.array(rng.standard_normal((64 * p, 2 * hkv, d)).astype(np.float32))
+    else:
+        pool = QuantizedPages(64 * p, (2 * hkv, d), mx.float32, KVQuant(8))
+    segs = [
+        *(Segment(f"n{i}", 0, 5, (1,) * 5, (10 + 2 * i, 11 + 2 * i)) for i in range(3)),
+        Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        *(Segment(f"m{i}", 0, 5, (1,) * 5, (40 + 2 * i, 41 + 2 * i)) for i in range(2)),
+    ]
+    t = sum(s.num_tokens for s in segs)
+    q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
+    kv = mx.array(rng.standard_normal((t, hkv, 1, d)).astype(np.float32))
+    sink = mx.array(rng.standard_normal((h,)).astype(np.float32)) if sinks else None
+    outs = {}
+    for batched in (True, False):
+        step_context.BATCH_FRESH = batched
+        try:
+            view = StepContext(segs, p, kernel=False).view(None, kernel=False)
+        finally:
+            step_context.BATCH_FRESH = True
+        assert view.unpermute is not None
+        assert [c.count for c in view.chunks] == ([3, 2] if batched else [1] * 5)
+        outs[batched] = np.array(gather_attention(view, q, kv, kv, pool, 0.3, sinks=sink))
+    assert np.array_equal(outs[True], outs[False])
