@@ -10,10 +10,10 @@ A paged step feeds its tokens as a batch of single-token sequences, ``(T, heads,
 queries. Single-token segments (decodes) are attended in groups of similar length over their
 own pages (gathered, padded to the group's longest, masked) or by the decode kernel; a
 multi-token segment (a prefill chunk) gathers its own pages — or, starting at 0, uses its
-fresh keys — and runs the fused SDPA; consecutive new prompts' chunks of one length run it
-once, batched (``step_context.batch_fresh``). A sliding-window layer reads the last W
-positions only. Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes them.
-Either way a step reads the keys its segments have, not rows x longest.
+fresh keys — and runs the fused SDPA; new prompts' chunks run it once a group, batched and
+padded to the group's longest (``step_context.batch_fresh``). A sliding-window layer reads
+the last W positions only. Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes
+them. Either way a step reads the keys its segments have, not rows x longest.
 
 Keys reach attention from the layer that stored them, or from another layer: gemma3n and
 gemma4 layers share an earlier layer's KV (passed with that layer's cache, or with none),
@@ -122,7 +122,7 @@ def gather_attention(
             mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask, sinks=sinks)
         )
     for c in view.chunks:
-        if c.count > 1:  # new prompts of n tokens each: one batched call
+        if c.members:  # new prompts: one batched call
             outs.append(_fresh_batch(c, queries, keys, values, pool, scale, sinks))
             continue
         q = queries[c.first : c.first + c.n, :, 0, :].transpose(1, 0, 2)[None]  # (1, H, n, D)
@@ -149,16 +149,28 @@ def gather_attention(
 
 
 def _fresh_batch(c, queries, keys, values, pool, scale: float, sinks) -> mx.array:
-    """``c.count`` sequences of ``c.n`` tokens from ``c.first``, each attending its own fresh
-    keys causally: (count n, H, 1, D)."""
-    lo, hi = c.first, c.first + c.n * c.count
-    k, v = kv_quant.roundtrip(pool, keys[lo:hi, :, 0, :], values[lo:hi, :, 0, :])
+    """The batched item ``c``'s members, each attending its own fresh keys causally, in one
+    call over (members, heads, ``c.n``, D): (their tokens, H, 1, D), member by member."""
+    if c.pad_rows is None:  # one run of equal lengths: the step's rows as they are
+        lo, hi = c.first, c.first + c.n * c.count
+        q, k, v = queries[lo:hi, :, 0, :], keys[lo:hi, :, 0, :], values[lo:hi, :, 0, :]
+    else:
+        rows = c.pad_rows
+        q, k, v = queries[rows, :, 0, :], keys[rows, :, 0, :], values[rows, :, 0, :]
+    k, v = kv_quant.roundtrip(pool, k, v)
 
     def batch(x: mx.array) -> mx.array:  # (count n, heads, D) -> (count, heads, n, D)
         return x.reshape(c.count, c.n, *x.shape[1:]).transpose(0, 2, 1, 3)
 
-    q = batch(queries[lo:hi, :, 0, :])
     o = mx.fast.scaled_dot_product_attention(
-        q, mx.contiguous(batch(k)), mx.contiguous(batch(v)), scale=scale, mask="causal", sinks=sinks
+        batch(q),
+        mx.contiguous(batch(k)),
+        mx.contiguous(batch(v)),
+        scale=scale,
+        mask="causal",
+        sinks=sinks,
     )
-    return o.transpose(0, 2, 1, 3).reshape(hi - lo, o.shape[1], 1, o.shape[3])
+    o = o.transpose(0, 2, 1, 3).reshape(c.count * c.n, o.shape[1], o.shape[3])
+    if c.real_rows is not None:
+        o = o[c.real_rows]
+    return o[:, :, None, :]

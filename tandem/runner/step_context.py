@@ -118,16 +118,30 @@ class DecodeGroup:
 class ChunkItem:
     """A multi-token segment: queries ``[first, first + n)`` over the gathered ``slots``
     (None: its own fresh keys) under ``mask`` ("causal" or an (n, keys) bool array). Or
-    ``count`` such segments of ``n`` tokens each, one after another from ``first``, each
-    over its own fresh keys under a causal mask: new prompts' chunks, attended in one
-    batched call (``batch_fresh``)."""
+    several segments that each start a sequence, attended in one batched causal call
+    (``batch_fresh``): ``members`` (first, length) each, run padded to ``n``."""
 
     first: int
     n: int
     slots: mx.array | None
     mask: mx.array | str = "causal"
-    count: int = 1
+    members: tuple[tuple[int, int], ...] = ()
+    # Batched members not one run of equal lengths: the token rows each padded member
+    # reads (its last repeated: causal, no real query sees a key past its own), and the
+    # rows of the batched output that are real, in the members' order.
+    pad_rows: mx.array | None = None
+    real_rows: mx.array | None = None
     _rows: dict[int, mx.array] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def count(self) -> int:
+        return max(len(self.members), 1)
+
+    def token_rows(self) -> list[int]:
+        """The step's token indices this item's output rows are, in order."""
+        if not self.members:
+            return list(range(self.first, self.first + self.n))
+        return [i for first, m in self.members for i in range(first, first + m)]
 
     def head_rows(self, hkv: int) -> mx.array:
         """(2, Hkv, L): ``slots`` in a float pool, head by head (``kv_quant.head_rows``)."""
@@ -138,24 +152,39 @@ class ChunkItem:
 
 
 def batch_fresh(chunks: list[ChunkItem]) -> list[ChunkItem]:
-    """Runs of consecutive chunks of equal length that each start a sequence (fresh keys,
-    causal) as one batched item: one attention call instead of one per prompt."""
-    out: list[ChunkItem] = []
-    for c in chunks:
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and c.slots is None
-            and last.slots is None
-            and isinstance(c.mask, str)
-            and isinstance(last.mask, str)
-            and c.n == last.n
-            and c.first == last.first + last.n * last.count
-        ):
-            last.count += 1
-        else:
-            out.append(c)
-    return out
+    """Chunks that each start a sequence (fresh keys, causal) grouped as batched items, by
+    length, padding each group to its longest within ~MAX_PADDING of its real tokens: one
+    attention call a group instead of one a prompt. A group that is one run of equal
+    lengths, one after another, is a plain reshape of the step's rows; any other is padded
+    through a gather. The other chunks stay as they are."""
+    fresh = [c for c in chunks if c.slots is None and isinstance(c.mask, str)]
+    if len(fresh) < 2:
+        return chunks
+    out = [c for c in chunks if not (c.slots is None and isinstance(c.mask, str))]
+    for group in group_decodes([c.n for c in fresh]):
+        items = sorted((fresh[i] for i in group), key=lambda c: c.first)
+        if len(items) == 1:
+            out.append(items[0])
+            continue
+        n = max(c.n for c in items)
+        members = tuple((c.first, c.n) for c in items)
+        run = all(c.n == n and c.first == items[0].first + j * n for j, c in enumerate(items))
+        if run:
+            out.append(ChunkItem(items[0].first, n, None, members=members))
+            continue
+        pad = [first + min(j, m - 1) for first, m in members for j in range(n)]
+        real = [g * n + j for g, (_, m) in enumerate(members) for j in range(m)]
+        out.append(
+            ChunkItem(
+                items[0].first,
+                n,
+                None,
+                members=members,
+                pad_rows=mx.array(np.asarray(pad, dtype=np.int32)),
+                real_rows=mx.array(np.asarray(real, dtype=np.int32)),
+            )
+        )
+    return sorted(out, key=lambda c: c.first)  # (in token order: no unpermute for it)
 
 
 def group_decodes(lengths: list[int]) -> list[list[int]]:
@@ -338,7 +367,7 @@ class StepContext:
         if BATCH_FRESH:
             chunks = batch_fresh(chunks)
         for c in chunks:
-            order += range(c.first, c.first + c.n * c.count)
+            order += c.token_rows()
         unpermute = (
             None
             if order == list(range(t))

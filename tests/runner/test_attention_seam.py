@@ -105,10 +105,10 @@ def test_verify_positions_attend_as_decodes_exactly_as_a_chunk():
     assert np.allclose(np.array(got), np.array(want), atol=1e-5)
 
 
-def test_new_prompts_of_one_length_attend_in_one_batched_call():
-    """Consecutive chunks of equal length that start their sequences go to attention as one
-    batched item; a shorter one, one read from the pool, and a decode stay apart; the
-    output is each sequence's own causal attention, token-exact with one call each."""
+def test_new_prompts_attend_in_one_batched_call_exactly_as_one_call_each():
+    """New prompts' chunks (fresh keys, causal) go to attention as one batched item, the
+    shorter one padded; a chunk read from the pool and a decode stay apart; each
+    sequence's output is its own causal attention, bit for bit as one call each."""
     import mlx.core as mx
     import numpy as np
 
@@ -130,31 +130,35 @@ def test_new_prompts_of_one_length_attend_in_one_batched_call():
     q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
     kv = mx.array(rng.standard_normal((t, hkv, 1, d)).astype(np.float32))
     view = StepContext(segs, p, kernel=False).view(None, kernel=False)
-    assert [(c.n, c.count, c.slots is None) for c in view.chunks] == [
-        (6, 3, True),
-        (5, 1, True),
-        (6, 1, False),
-        (6, 2, True),
-    ]
+    [batched] = [c for c in view.chunks if c.members]
+    assert [m for _, m in batched.members] == [6, 6, 6, 5, 6, 6] and batched.n == 6
+    assert batched.pad_rows is not None  # (not one run: the short one and the tail between)
+    assert [c.slots is None for c in view.chunks] == [True, False]
     got = np.array(gather_attention(view, q, kv, kv, pool, 0.3))
-    for c in view.chunks:
-        if c.slots is not None:
-            continue
-        for i in range(c.count):
-            first = c.first + i * c.n
-            qs = q[first : first + c.n, :, 0, :].transpose(1, 0, 2)[None]
-            ks = kv[first : first + c.n, :, 0, :].transpose(1, 0, 2)[None]
-            want = mx.fast.scaled_dot_product_attention(qs, ks, ks, scale=0.3, mask="causal")
-            want = np.array(want[0].transpose(1, 0, 2))
-            assert np.array_equal(got[first : first + c.n, :, 0, :], want), (c.first, i)
+    for first, n in batched.members:
+        qs = q[first : first + n, :, 0, :].transpose(1, 0, 2)[None]
+        ks = kv[first : first + n, :, 0, :].transpose(1, 0, 2)[None]
+        want = mx.fast.scaled_dot_product_attention(qs, ks, ks, scale=0.3, mask="causal")
+        want = np.array(want[0].transpose(1, 0, 2))
+        assert np.array_equal(got[first : first + n, :, 0, :], want), first
+
+
+def test_one_run_of_equal_new_prompts_is_a_reshape():
+    from tandem.engine.plan import Segment
+    from tandem.runner.step_context import StepContext
+
+    segs = [Segment(f"n{i}", 0, 8, (1,) * 8, (2 * i, 2 * i + 1)) for i in range(4)]
+    [c] = StepContext(segs, 4, kernel=False).view(None, kernel=False).chunks
+    assert c.members == ((0, 8), (8, 8), (16, 8), (24, 8)) and c.pad_rows is None
 
 
 @pytest.mark.parametrize("pool_kind", ["float", "int8"])
 @pytest.mark.parametrize("sinks", [False, True])
 def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind, sinks):
-    """Batched and one call per prompt give the same bits, with decodes between the runs
-    (the outputs come back out of token order: ``unpermute``), on quantized pages (fresh
-    keys read as the pool would return them) and with attention sinks."""
+    """Batched and one call per prompt give the same bits, with decodes between the chunks
+    (the outputs come back out of token order: ``unpermute``), prompts of unequal lengths
+    (padded), on quantized pages (fresh keys read as the pool would return them) and with
+    attention sinks."""
     import mlx.core as mx
     import numpy as np
 
@@ -173,7 +177,9 @@ def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind,
     segs = [
         *(Segment(f"n{i}", 0, 5, (1,) * 5, (10 + 2 * i, 11 + 2 * i)) for i in range(3)),
         Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        Segment("b", 0, 4, (1,) * 4, (30, 31)),
         *(Segment(f"m{i}", 0, 5, (1,) * 5, (40 + 2 * i, 41 + 2 * i)) for i in range(2)),
+        Segment("long", 0, 9, (1,) * 9, (50, 51, 52)),
     ]
     t = sum(s.num_tokens for s in segs)
     q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
@@ -187,6 +193,7 @@ def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind,
         finally:
             step_context.BATCH_FRESH = True
         assert view.unpermute is not None
-        assert [c.count for c in view.chunks] == ([3, 2] if batched else [1] * 5)
+        counts = sorted(c.count for c in view.chunks)
+        assert counts == ([1, 6] if batched else [1] * 7)
         outs[batched] = np.array(gather_attention(view, q, kv, kv, pool, 0.3, sinks=sink))
     assert np.array_equal(outs[True], outs[False])
