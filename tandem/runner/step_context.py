@@ -151,29 +151,48 @@ class ChunkItem:
         return self._rows[hkv]
 
 
+def _runs(fresh: list[ChunkItem]) -> tuple[list[list[ChunkItem]], list[ChunkItem]]:
+    """Runs of 2+ chunks of equal length one right after another (by ``first``), and the
+    chunks in none."""
+    runs: list[list[ChunkItem]] = []
+    rest: list[ChunkItem] = []
+    cur: list[ChunkItem] = []
+    for c in sorted(fresh, key=lambda c: c.first):
+        if cur and c.n == cur[-1].n and c.first == cur[-1].first + cur[-1].n:
+            cur.append(c)
+            continue
+        (runs.append if len(cur) > 1 else rest.extend)(cur)
+        cur = [c]
+    (runs.append if len(cur) > 1 else rest.extend)(cur)
+    return runs, rest
+
+
 def batch_fresh(chunks: list[ChunkItem]) -> list[ChunkItem]:
-    """Chunks that each start a sequence (fresh keys, causal) grouped as batched items, by
-    length, padding each group to its longest within ~MAX_PADDING of its real tokens: one
-    attention call a group instead of one a prompt. A group that is one run of equal
-    lengths, one after another, is a plain reshape of the step's rows; any other is padded
-    through a gather. The other chunks stay as they are."""
+    """Chunks that each start a sequence (fresh keys, causal) as batched items: one
+    attention call an item instead of one a prompt. A run of equal lengths one after
+    another (new prompts of one length) is a reshape of the step's rows; the rest are
+    grouped by length, as decode groups are, each group padded to its longest (within
+    ~MAX_PADDING of its real tokens) through a gather. The other chunks stay as they are.
+    (A batch of equal prompts cut by the step's budget ends in a shorter first piece: it
+    stays out of its run, not padded to it.)"""
     fresh = [c for c in chunks if c.slots is None and isinstance(c.mask, str)]
     if len(fresh) < 2:
         return chunks
     out = [c for c in chunks if not (c.slots is None and isinstance(c.mask, str))]
-    for group in group_decodes([c.n for c in fresh]):
-        items = sorted((fresh[i] for i in group), key=lambda c: c.first)
+    runs, rest = _runs(fresh)
+    for run in runs:
+        members = tuple((c.first, c.n) for c in run)
+        out.append(ChunkItem(run[0].first, run[0].n, None, members=members))
+    for group in group_decodes([c.n for c in rest]):
+        items = sorted((rest[i] for i in group), key=lambda c: c.first)
         if len(items) == 1:
             out.append(items[0])
             continue
         n = max(c.n for c in items)
         members = tuple((c.first, c.n) for c in items)
-        run = all(c.n == n and c.first == items[0].first + j * n for j, c in enumerate(items))
-        if run:
-            out.append(ChunkItem(items[0].first, n, None, members=members))
-            continue
         pad = [first + min(j, m - 1) for first, m in members for j in range(n)]
         real = [g * n + j for g, (_, m) in enumerate(members) for j in range(m)]
+        padded = any(m < n for _, m in members)
         out.append(
             ChunkItem(
                 items[0].first,
@@ -181,10 +200,12 @@ def batch_fresh(chunks: list[ChunkItem]) -> list[ChunkItem]:
                 None,
                 members=members,
                 pad_rows=mx.array(np.asarray(pad, dtype=np.int32)),
-                real_rows=mx.array(np.asarray(real, dtype=np.int32)),
+                real_rows=mx.array(np.asarray(real, dtype=np.int32)) if padded else None,
             )
         )
-    return sorted(out, key=lambda c: c.first)  # (in token order: no unpermute for it)
+    # In order of their first tokens (a padded group's members may still interleave with
+    # other items: ``unpermute`` then puts the rows back).
+    return sorted(out, key=lambda c: c.first)
 
 
 def group_decodes(lengths: list[int]) -> list[list[int]]:

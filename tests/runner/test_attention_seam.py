@@ -106,9 +106,10 @@ def test_verify_positions_attend_as_decodes_exactly_as_a_chunk():
 
 
 def test_new_prompts_attend_in_one_batched_call_exactly_as_one_call_each():
-    """New prompts' chunks (fresh keys, causal) go to attention as one batched item, the
-    shorter one padded; a chunk read from the pool and a decode stay apart; each
-    sequence's output is its own causal attention, bit for bit as one call each."""
+    """New prompts' chunks (fresh keys, causal) go to attention batched: a run of equal
+    lengths as one item, the others grouped by length and padded; a chunk read from the
+    pool and the decodes stay apart. Each sequence's output is its own causal attention,
+    bit for bit as one call each."""
     import mlx.core as mx
     import numpy as np
 
@@ -124,18 +125,22 @@ def test_new_prompts_attend_in_one_batched_call_exactly_as_one_call_each():
         *(Segment(f"n{i}", 0, 6, (1,) * 6, (10 + 2 * i, 11 + 2 * i)) for i in range(3)),
         Segment("short", 0, 5, (1,) * 5, (30, 31)),
         Segment("tail", 6, 6, (1,) * 6, (40, 41, 42)),
-        *(Segment(f"m{i}", 0, 6, (1,) * 6, (50 + 2 * i, 51 + 2 * i)) for i in range(2)),
+        Segment("x", 0, 6, (1,) * 6, (50, 51)),
+        Segment("b", 5, 1, (1,), (52, 53), sample_row=1),
+        Segment("y", 0, 4, (1,) * 4, (54,)),
     ]
     t = sum(s.num_tokens for s in segs)
     q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
     kv = mx.array(rng.standard_normal((t, hkv, 1, d)).astype(np.float32))
     view = StepContext(segs, p, kernel=False).view(None, kernel=False)
-    [batched] = [c for c in view.chunks if c.members]
-    assert [m for _, m in batched.members] == [6, 6, 6, 5, 6, 6] and batched.n == 6
-    assert batched.pad_rows is not None  # (not one run: the short one and the tail between)
-    assert [c.slots is None for c in view.chunks] == [True, False]
+    run, padded = [c for c in view.chunks if c.members]
+    assert [m for _, m in run.members] == [6, 6, 6] and run.pad_rows is None
+    assert [m for _, m in padded.members] == [5, 6, 4] and padded.n == 6
+    assert padded.pad_rows is not None and padded.real_rows is not None
+    assert [c.slots is None for c in view.chunks] == [True, True, False]
+    assert view.unpermute is not None
     got = np.array(gather_attention(view, q, kv, kv, pool, 0.3))
-    for first, n in batched.members:
+    for first, n in run.members + padded.members:
         qs = q[first : first + n, :, 0, :].transpose(1, 0, 2)[None]
         ks = kv[first : first + n, :, 0, :].transpose(1, 0, 2)[None]
         want = mx.fast.scaled_dot_product_attention(qs, ks, ks, scale=0.3, mask="causal")
@@ -143,22 +148,34 @@ def test_new_prompts_attend_in_one_batched_call_exactly_as_one_call_each():
         assert np.array_equal(got[first : first + n, :, 0, :], want), first
 
 
-def test_one_run_of_equal_new_prompts_is_a_reshape():
+def test_runs_are_reshapes_and_a_prompt_cut_by_the_budget_stays_out():
+    """Equal prompts one after another are a reshape, and the shorter first piece of the
+    next (cut by the step's budget) is not padded into them; equal prompts apart are
+    gathered without padding (no gather back)."""
     from tandem.engine.plan import Segment
     from tandem.runner.step_context import StepContext
 
     segs = [Segment(f"n{i}", 0, 8, (1,) * 8, (2 * i, 2 * i + 1)) for i in range(4)]
+    segs.append(Segment("cut", 0, 3, (1,) * 3, (20,)))
+    first, cut = StepContext(segs, 4, kernel=False).view(None, kernel=False).chunks
+    assert first.members == ((0, 8), (8, 8), (16, 8), (24, 8)) and first.pad_rows is None
+    assert not cut.members and cut.n == 3
+    segs = [
+        Segment("u", 0, 8, (1,) * 8, (2, 3)),
+        Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        Segment("v", 0, 8, (1,) * 8, (12, 13)),
+    ]
     [c] = StepContext(segs, 4, kernel=False).view(None, kernel=False).chunks
-    assert c.members == ((0, 8), (8, 8), (16, 8), (24, 8)) and c.pad_rows is None
+    assert c.members == ((0, 8), (9, 8)) and c.pad_rows is not None and c.real_rows is None
 
 
 @pytest.mark.parametrize("pool_kind", ["float", "int8"])
 @pytest.mark.parametrize("sinks", [False, True])
 def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind, sinks):
     """Batched and one call per prompt give the same bits, with decodes between the chunks
-    (the outputs come back out of token order: ``unpermute``), prompts of unequal lengths
-    (padded), on quantized pages (fresh keys read as the pool would return them) and with
-    attention sinks."""
+    (the outputs come back out of token order: ``unpermute``), runs of equal prompts,
+    prompts of unequal lengths (padded) and equal ones apart, on quantized pages (fresh
+    keys read as the pool would return them) and with attention sinks."""
     import mlx.core as mx
     import numpy as np
 
@@ -174,12 +191,21 @@ def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind,
         pool = mx.array(rng.standard_normal((64 * p, 2 * hkv, d)).astype(np.float32))
     else:
         pool = QuantizedPages(64 * p, (2 * hkv, d), mx.float32, KVQuant(8))
+
+    def decode(name: str, page: int) -> Segment:
+        return Segment(name, 5, 1, (1,), (page, page + 1), sample_row=0)
+
     segs = [
         *(Segment(f"n{i}", 0, 5, (1,) * 5, (10 + 2 * i, 11 + 2 * i)) for i in range(3)),
-        Segment("a", 9, 1, (1,), (3, 5, 7), sample_row=0),
+        decode("a", 3),
         Segment("b", 0, 4, (1,) * 4, (30, 31)),
+        decode("a2", 5),
+        Segment("c", 0, 5, (1,) * 5, (32, 33)),
+        decode("a3", 7),
         *(Segment(f"m{i}", 0, 5, (1,) * 5, (40 + 2 * i, 41 + 2 * i)) for i in range(2)),
-        Segment("long", 0, 9, (1,) * 9, (50, 51, 52)),
+        Segment("long", 0, 16, (1,) * 16, (50, 51, 52, 53)),
+        decode("a4", 20),
+        Segment("e", 0, 16, (1,) * 16, (54, 55, 56, 57)),
     ]
     t = sum(s.num_tokens for s in segs)
     q = mx.array(rng.standard_normal((t, h, 1, d)).astype(np.float32))
@@ -193,7 +219,11 @@ def test_batched_new_prompts_equal_one_call_each_with_decodes_between(pool_kind,
         finally:
             step_context.BATCH_FRESH = True
         assert view.unpermute is not None
-        counts = sorted(c.count for c in view.chunks)
-        assert counts == ([1, 6] if batched else [1] * 7)
+        kinds = sorted(
+            (c.count, c.pad_rows is not None, c.real_rows is not None) for c in view.chunks
+        )
+        # Runs of 3 and 2; b and c padded together; long and e equal, apart: no padding.
+        want = [(2, False, False), (2, True, False), (2, True, True), (3, False, False)]
+        assert kinds == (want if batched else [(1, False, False)] * 9)
         outs[batched] = np.array(gather_attention(view, q, kv, kv, pool, 0.3, sinks=sink))
     assert np.array_equal(outs[True], outs[False])
