@@ -79,7 +79,8 @@ def dense_floor(c: dict) -> float:
 def gather(c: dict) -> float:
     """The runner's CPU path: groups by length, gather whole pages, fused SDPA."""
     from tandem.runner.attention import gather_attention
-    from tandem.runner.step_context import AttnView, DecodeGroup, group_decodes
+    from tandem.runner.step_context import AttnView, DecodeGroup
+    from tandem.runner.step_groups import group_decodes
 
     page, raw = c["page"], c["raw"]
     tables = np.asarray(c["tables"])

@@ -11,7 +11,7 @@ queries. Single-token segments (decodes) are attended in groups of similar lengt
 own pages (gathered, padded to the group's longest, masked) or by the decode kernel; a
 multi-token segment (a prefill chunk) gathers its own pages — or, starting at 0, uses its
 fresh keys — and runs the fused SDPA; new prompts' chunks run it once a group, batched and
-padded to the group's longest (``step_context.batch_fresh``). A sliding-window layer reads
+padded to the group's longest (``step_groups.batch_fresh``). A sliding-window layer reads
 the last W positions only. Attention sinks (gpt-oss) go to the fused SDPA as mlx-lm passes
 them. Either way a step reads the keys its segments have, not rows x longest.
 

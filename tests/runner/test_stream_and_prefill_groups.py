@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tandem import LLM, SamplingParams
-from tandem.runner.step_context import group_decodes
+from tandem.runner.step_groups import group_decodes
 
 
 def test_closing_a_stream_aborts_the_request_and_frees_its_pages(tiny_model_dir):
