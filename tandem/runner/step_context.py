@@ -24,7 +24,7 @@ from tandem.engine.plan import Segment
 from tandem.runner import kernels, kv_quant
 from tandem.runner.step_groups import ChunkItem, batch_fresh, group_decodes
 
-BATCH_FRESH = True  # new prompts' equal chunks in one attention call (batch_fresh)
+BATCH_FRESH = True  # new prompts' chunks batched (step_groups.batch_fresh; off: A/B runs)
 
 
 def first_key(pos, span: int | None):

@@ -56,14 +56,21 @@ def _runs(fresh: list[ChunkItem]) -> tuple[list[list[ChunkItem]], list[ChunkItem
     chunks in none."""
     runs: list[list[ChunkItem]] = []
     rest: list[ChunkItem] = []
+
+    def close(run: list[ChunkItem]) -> None:
+        if len(run) > 1:
+            runs.append(run)
+        else:
+            rest.extend(run)
+
     cur: list[ChunkItem] = []
     for c in sorted(fresh, key=lambda c: c.first):
         if cur and c.n == cur[-1].n and c.first == cur[-1].first + cur[-1].n:
             cur.append(c)
-            continue
-        (runs.append if len(cur) > 1 else rest.extend)(cur)
-        cur = [c]
-    (runs.append if len(cur) > 1 else rest.extend)(cur)
+        else:
+            close(cur)
+            cur = [c]
+    close(cur)
     return runs, rest
 
 
