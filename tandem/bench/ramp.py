@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 
-def _tandem(path: Path, b: int, in_len: int, out_len: int, budget: int, opts: dict) -> dict:
+def _tandem(
+    path: Path, b: int, in_len: int, out_len: int, vocab: int, budget: int, opts: dict
+) -> dict:
     from tandem import LLM, SamplingParams
     from tandem.bench import sides
     from tandem.bench.ceiling import free
@@ -56,7 +58,6 @@ def _tandem(path: Path, b: int, in_len: int, out_len: int, budget: int, opts: di
         return out
 
     loop.runner.launch, loop.step = launch, step
-    vocab = min(llm.engine.vocab_size or 512, 512)
     sets = sides.prompt_sets(seed=b, count=2, b=b, length=in_len, vocab=vocab)
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
     try:
@@ -88,7 +89,7 @@ def _tandem(path: Path, b: int, in_len: int, out_len: int, budget: int, opts: di
     }
 
 
-def _ceiling(path: Path, b: int, in_len: int, out_len: int) -> dict:
+def _ceiling(path: Path, b: int, in_len: int, out_len: int, vocab: int) -> dict:
     """The plain loop's prefill forward and decode, timed apart (after one warm-up run)."""
     from mlx_lm.utils import load
 
@@ -96,7 +97,6 @@ def _ceiling(path: Path, b: int, in_len: int, out_len: int) -> dict:
     from tandem.bench.ceiling import free, plain_decode
 
     model = load(str(path))[0]
-    vocab = 512
     sets = sides.prompt_sets(seed=b, count=2, b=b, length=in_len, vocab=vocab)
     try:
         plain_decode(model, sets[0], out_len)
@@ -139,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     from tandem.runner import step_context
 
     opts = json.loads(args.engine_options)
-    run = (args.batch, args.input_len, args.output_len)
     results: dict[str, Any] = {"shape": args.shape, "dtype": args.dtype, "batch": args.batch}
     results.update(input_len=args.input_len, output_len=args.output_len, engine_options=opts)
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.shape, args.dtype, Path(tmp))
+        # Token ids below 512 (and the vocabulary): both sides get the same prompts.
+        vocab = min(int(json.loads((path / "config.json").read_text())["vocab_size"]), 512)
+        run = (args.batch, args.input_len, args.output_len, vocab)
         if not args.no_ceiling:
             c = _ceiling(path, *run)
             results["ceiling"] = c

@@ -26,7 +26,7 @@ def test_ramp_splits_a_run_into_prefill_and_decode_steps(tiny_model_dir):
     """4 prompts of 24 tokens with a 32-token step budget: the ramp takes at least 2 loop
     steps (96 prompt tokens; a loop step that starts the chain launches two), every prompt
     token is counted once, and the run goes on in steps of the 4 decode rows alone."""
-    r = ramp._tandem(tiny_model_dir("llama"), 4, 24, 10, 32, {})
+    r = ramp._tandem(tiny_model_dir("llama"), 4, 24, 10, 400, 32, {})
     steps = r["steps"]
     assert sum(s["prefill_tokens"] for s in steps) == 4 * 24
     assert all(s["prefill_tokens"] <= 2 * 32 for s in steps)
