@@ -214,6 +214,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         sched,
         eos_token_ids=tokenizer.eos_token_ids,
         overlap=config.overlap,
+        host_thread=config.host_thread,
         check_invariants=config.check_invariants,
         seed=config.seed,
         vocab_size=runner.vocab_size,

@@ -14,6 +14,11 @@ SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft")
 class EngineConfig:
     model: str | None = None  # directory, .gguf file, or None for the default model
     overlap: bool = True
+    # Apply a step's results and plan the next beside the submission, on a helper thread
+    # (engine/loop.py; None: while the host sets the pace, i.e. finalizes find their step
+    # done; True: whenever a step allows it; False: never). Plans and tokens are unchanged;
+    # a request arriving then joins one step later.
+    host_thread: bool | None = None
     dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length

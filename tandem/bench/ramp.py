@@ -38,14 +38,14 @@ def _tandem(
     launched: list[tuple[int, int]] = []  # (prefill tokens, decode rows) of each launch
     steps: list[dict[str, Any]] = []
 
-    def launch(plan, parent, masks=None):
+    def launch(plan, parent, masks=None, **kw):
         pre = dec = 0
         for s in plan.segments:
             prompt = loop.scheduler.running[s.request_id].num_prompt_tokens
             pre += max(0, min(s.start + s.num_tokens, prompt) - s.start)
             dec += s.start + s.num_tokens > prompt
         launched.append((pre, dec))
-        return real_launch(plan, parent, masks)
+        return real_launch(plan, parent, masks, **kw)
 
     def step():
         launched.clear()

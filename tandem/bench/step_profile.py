@@ -15,7 +15,9 @@ Runs B equal prompts through the engine and times every phase of each steady dec
 - ``step``: the whole ``loop.step()``, and ``nodes``: primitives in one decode step's graph
   (``mx.export_to_dot``, counted once with overlap off: roughly the kernels it launches).
 
-With overlap on, ``wait`` is what the host could not hide behind the device.
+With overlap on, ``wait`` is what the host could not hide behind the device. Steps whose
+host work ran on the loop's helper thread (``threaded``: ``schedule`` and ``update`` beside
+``submit``, engine/loop.py) overlap their phases, so those need not add up to ``step``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def profile(
     nodes: list[dict[str, int]] = []
     seen = [0]  # steady steps submitted (the graph counted is one of them)
     rec: dict[str, list[float]] = {k: [] for k in PHASES}
+    plans: Counter[str] = Counter()  # the timed run's launched plans: segments x tokens
 
     def timed(name: str, fn):
         def wrapper(*a, **kw):
@@ -101,11 +104,12 @@ def profile(
         real["async_eval"](*arrays)
         cur["submit"] = cur.get("submit", 0.0) + time.perf_counter() - t
 
-    def launch(plan, parent, masks=None):
+    def launch(plan, parent, masks=None, **kw):
         steady[0] = len(plan.segments) == batch and all(s.num_tokens == 1 for s in plan.segments)
+        plans[f"{len(plan.segments)}x{sum(s.num_tokens for s in plan.segments)}"] += 1
         t = time.perf_counter()
         submit0 = cur.get("submit", 0.0)
-        h = real["launch"](plan, parent, masks)
+        h = real["launch"](plan, parent, masks, **kw)
         spent = time.perf_counter() - t
         cur["build"] = cur.get("build", 0.0) + spent - (cur.get("submit", 0.0) - submit0)
         cur["steady"] = cur.get("steady", 1.0) * steady[0]
@@ -136,6 +140,8 @@ def profile(
         for v in rec.values():
             v.clear()
         nodes.clear()  # a warm-up step may have been counted (sampled rows)
+        plans.clear()
+        chained0, fresh0, threaded0 = loop.num_chained, loop.num_fresh, loop.num_threaded
         seen[0] = 0
         t = time.perf_counter()
         llm.generate(prompts, sp)
@@ -145,6 +151,11 @@ def profile(
     out: dict[str, Any] = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
     out["steady_steps"] = len(rec["step"])
     out["tok_s"] = batch * steps / total
+    # What the timed run launched (a run with few steady steps says why here).
+    out["plans"] = dict(plans.most_common(6))
+    out["chained"] = loop.num_chained - chained0
+    out["fresh"] = loop.num_fresh - fresh0
+    out["threaded"] = loop.num_threaded - threaded0  # (then phases overlap: see engine/loop.py)
     if nodes:
         out["nodes"] = sum(nodes[0].values())
         out["node_kinds"] = nodes[0]
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--single-buffer-too", action="store_true", help="also overlap on with one KV buffer set"
     )
     p.add_argument("--engine-options", default="{}", help="JSON of more engine options")
+    p.add_argument("--overlap-only", action="store_true", help="skip the overlap-off run")
     p.add_argument(
         "--cache-prompts",
         action="store_true",
@@ -180,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(a.model) if a.model else make_model(a.shape, a.dtype, Path(tmp))
         for b in [int(x) for x in a.batch.split(",")]:
-            modes = [(False, None), (True, None)]
+            modes = [(True, None)] if a.overlap_only else [(False, None), (True, None)]
             modes += [(True, False)] if a.single_buffer_too else []
             for overlap, double in modes:
                 r = profile(
@@ -199,7 +211,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 cells = "  ".join(f"{k}={r[k]:.2f}" for k in (*PHASES, "tok_s") if k in r) + (
                     f"  nodes={r['nodes']}" if "nodes" in r else ""
                 )
+                cells += f"  threaded={r['threaded']}" if r["threaded"] else ""
                 print(f"B={b:<4} overlap={name} ms/step: {cells}", flush=True)
+                if r["steady_steps"] < a.steps // 2:
+                    print(
+                        f"       few steady steps: plans {r['plans']}, chained {r['chained']}, "
+                        f"traced {r['fresh']}",
+                        flush=True,
+                    )
                 if "node_kinds" in r:
                     print("      ", json.dumps(r["node_kinds"]), flush=True)
     if a.json:

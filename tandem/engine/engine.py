@@ -30,6 +30,7 @@ class Engine:
         *,
         eos_token_ids: Iterable[int] = (),
         overlap: bool = True,
+        host_thread: bool | None = None,
         check_invariants: bool = False,
         seed: int | None = None,
         vocab_size: int | None = None,
@@ -45,7 +46,11 @@ class Engine:
                 raise ValueError("draft-model speculation needs the draft model (proposer)")
             self.scheduler.proposer = proposer
         self.loop = OverlapLoop(
-            self.scheduler, runner, overlap=overlap, check_invariants=check_invariants
+            self.scheduler,
+            runner,
+            overlap=overlap,
+            check_invariants=check_invariants,
+            host_thread=host_thread,
         )
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size

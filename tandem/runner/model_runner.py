@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,16 +26,15 @@ from tandem.runner import (
     weight_views,
 )
 from tandem.runner.draft import DraftModel
+from tandem.runner.handle import Handle
 from tandem.runner.kv_quant import KVQuant
 from tandem.runner.paged import PagePool, bytes_per_token, cache_class, quantizable
 from tandem.runner.positions import install as install_positions
 from tandem.runner.row_select import install_row_selection
 from tandem.runner.sampler import (
-    LogprobArrays,
     SamplingArrays,
     advance,
     count_lazy_outputs,
-    logprob_entries,
     logprobs_of,
     make_sampling_arrays,
     sample,
@@ -47,24 +45,6 @@ from tandem.runner.static_decode import StaticDecode, default_rows
 from tandem.runner.step_context import StepContext
 
 log = logging.getLogger("tandem")
-
-
-@dataclass
-class Handle:
-    """A launched step: only its lazy outputs, never the KV buffers (they must stay
-    donatable so the next step's in-place writes don't copy them)."""
-
-    plan: StepPlan
-    tokens: mx.array | None  # None until the sampling is attached (constrained rows)
-    sampling: SamplingArrays
-    logprobs: LogprobArrays | None = None
-    # Prompt log-probabilities of segments that asked: (request id, k, arrays).
-    prompt_logprobs: list[tuple[str, int, LogprobArrays]] | None = None
-    # A forward waiting for its grammar masks: (logits, sampling arrays, positions).
-    pending: tuple[mx.array, SamplingArrays, mx.array | None] | None = None
-    # The plan's draft proposals: all in one array, and each proposing query's indices.
-    drafted: tuple[mx.array, list[tuple[str, list[int]]]] | None = None
-    draft_failed: bool = False
 
 
 class ModelRunner:
@@ -247,8 +227,15 @@ class ModelRunner:
         return own + (self.draft.runner.shapes if self.draft is not None else 0)
 
     def launch(
-        self, plan: StepPlan, parent: Handle | None, masks: np.ndarray | None = None
+        self,
+        plan: StepPlan,
+        parent: Handle | None,
+        masks: np.ndarray | None = None,
+        *,
+        submit: bool = True,
     ) -> Handle:
+        """Build the step's graph and submit it; ``submit=False``: hold it back for
+        ``submit`` (not a step with constrained rows still waiting for masks)."""
         pool = self.pool
         assert pool is not None, "allocate_kv() first"
         with mx.stream(self.stream):
@@ -302,10 +289,19 @@ class ModelRunner:
                 handle.pending = (sampled, sampling, positions)
                 mx.async_eval(sampled, *extra, *self._buffers())
                 return handle
-            mx.async_eval(
-                *self._sample(handle, sampled, sampling, positions, masks), *extra, *self._buffers()
-            )
+            arrays = [*self._sample(handle, sampled, sampling, positions, masks), *extra]
+            if submit:
+                mx.async_eval(*arrays, *self._buffers())
+            else:
+                handle.unsubmitted = [*arrays, *self._buffers()]
         return handle
+
+    def submit(self, handle: Handle) -> None:
+        """Submit a step launched with ``submit=False``."""
+        arrays, handle.unsubmitted = handle.unsubmitted, None
+        assert arrays is not None, "submit() of a step already submitted"
+        with mx.stream(self.stream):
+            mx.async_eval(*arrays)
 
     def forward(self, plan: StepPlan, inputs: mx.array, head: list[int]) -> mx.array:
         """The step's forward: the logits of token indices ``head``, (len(head), vocab)."""
@@ -426,20 +422,4 @@ class ModelRunner:
         return [tokens, *(lps or ())]
 
     def finalize(self, handle: Handle) -> StepResult:
-        assert handle.tokens is not None, "finalize() of a step still waiting for its masks"
-        tokens = tuple(handle.tokens.tolist())
-        prompt = None
-        if handle.prompt_logprobs:
-            prompt = {}
-            for rid, k, arrays in handle.prompt_logprobs:
-                prompt[rid] = prompt.get(rid, []) + logprob_entries(arrays, [k] * arrays[0].size)
-        drafted, failed = None, handle.draft_failed
-        if handle.drafted is not None:
-            flat = handle.drafted[0].tolist()
-            drafted = {rid: tuple(flat[j] for j in w) for rid, w in handle.drafted[1]}
-        by_row = None
-        if handle.logprobs is not None:
-            rows = handle.plan.sampling.logprobs
-            entries = logprob_entries(handle.logprobs, [k for _, k in rows])
-            by_row = {row: e for (row, _), e in zip(rows, entries, strict=True)}
-        return StepResult(handle.plan.step_id, tokens, by_row, prompt, drafted, failed)
+        return handle.result()

@@ -60,6 +60,7 @@ class FakeHandle:
     plan: StepPlan
     tokens: tuple[int, ...] | None
     finalized: bool = False
+    submitted: bool = True  # False: launched with submit=False, not yet submitted
     raw: tuple[int, ...] = ()  # tokens before grammar masks
     drafted: dict[str, tuple[int, ...]] | None = None
     draft_failed: bool = False
@@ -105,11 +106,17 @@ class FakeRunner:
         self.wslots: list[int | None] = [None] * (self.window_pages * self.page_size)
 
     def launch(
-        self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
+        self,
+        plan: StepPlan,
+        parent: FakeHandle | None,
+        masks: np.ndarray | None = None,
+        *,
+        submit: bool = True,
     ) -> FakeHandle:
         if plan.chained:
             assert parent is not None and parent.plan.step_id == plan.parent_step
             assert parent in self._unfinalized, "chained on a finalized step"
+            assert parent.submitted, "chained on a step held back"
             assert parent.tokens is not None, "chained on a step still waiting for masks"
         else:
             assert parent is None
@@ -163,6 +170,8 @@ class FakeRunner:
         }
         handle = FakeHandle(plan, None, raw=tuple(tokens), drafted=drafted or None)
         handle.draft_failed = draft_failed
+        handle.submitted = submit
+        assert submit or not (plan.sampling.constrained or plan.drafts), "held back, waits"
         self._unfinalized.append(handle)
         if plan.sampling.constrained and masks is None:
             assert plan.chained, "a fresh step knows its masks"
@@ -187,8 +196,15 @@ class FakeRunner:
             tokens[row] = masked_token(tokens[row], masks[i])
         handle.tokens = tuple(tokens)
 
+    def submit(self, handle: FakeHandle) -> None:
+        assert not handle.submitted and handle in self._unfinalized, "submit of a sent step"
+        if self.fault is not None:
+            self.fault(handle.plan, "submit")
+        handle.submitted = True
+
     def finalize(self, handle: FakeHandle) -> StepResult:
         assert handle.tokens is not None, "finalized before its masks were given"
+        assert handle.submitted, "finalized a step never submitted"
         assert self._unfinalized and self._unfinalized[0] is handle, "finalize out of order"
         if self.fault is not None:
             self.fault(handle.plan, "finalize")
@@ -237,9 +253,14 @@ class FakeRecurrentRunner(FakeRunner):
         self.resumes = 0  # segments that read one
 
     def launch(
-        self, plan: StepPlan, parent: FakeHandle | None, masks: np.ndarray | None = None
+        self,
+        plan: StepPlan,
+        parent: FakeHandle | None,
+        masks: np.ndarray | None = None,
+        *,
+        submit: bool = True,
     ) -> FakeHandle:
-        handle = super().launch(plan, parent, masks)
+        handle = super().launch(plan, parent, masks, submit=submit)
         p = self.page_size
         for slot in plan.released_states:
             assert self.held.pop(slot, None) is not None, f"id {slot} released, held nothing"

@@ -126,6 +126,25 @@ def test_staggered_concurrent_requests_match_mlx_lm_overlap_on_and_off(tiny_mode
     staggered_three_ways(tiny_model_dir(arch), arch)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("double", [True, False])
+def test_host_work_on_the_helper_thread_matches_mlx_lm(tiny_model_dir, arch, double):
+    """Every chained step with its results applied and the next planned on the loop's helper
+    thread while this thread submits (engine/loop.py, host_thread=True), one or two KV buffer
+    sets: staggered requests, stops and aborts equal mlx-lm's greedy output."""
+    path = tiny_model_dir(arch)
+    llm = LLM(
+        str(path),
+        host_thread=True,
+        kv_double_buffer=double,
+        check_invariants=True,
+        max_num_seqs=32,
+    )
+    run_staggered(llm, path, random.Random(arch + "threads"))
+    loop = llm.engine.loop
+    assert loop.num_threaded > loop.num_steps // 3, (loop.num_threaded, loop.num_steps)
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_prefix_hits_match_cold_runs_and_mlx_lm(tiny_model_dir, overlap):
     """Multi-turn (a finished conversation's row adopted in place), concurrent requests on a
@@ -269,9 +288,9 @@ def test_n_samples_share_one_prefill(tiny_model_dir, overlap):
     runner = llm.engine.loop.runner
     orig = runner.launch
 
-    def spy(plan, parent, masks=None):
+    def spy(plan, parent, masks=None, **kw):
         launched.append(plan)
-        return orig(plan, parent, masks)
+        return orig(plan, parent, masks, **kw)
 
     runner.launch = spy
     engine = llm.engine

@@ -17,10 +17,13 @@ from tandem.testing.fake_runner import fake_tokens as expected
 P = 16
 
 
-def engine_for(overlap: bool = True, runner_cls=FakeRunner, **cfg) -> tuple[Engine, FakeRunner]:
+def engine_for(
+    overlap: bool = True, runner_cls=FakeRunner, host_thread: bool | None = None, **cfg
+) -> tuple[Engine, FakeRunner]:
     config = SchedulerConfig(**{"max_num_seqs": 8, "max_model_len": 8192, **cfg})
     runner = runner_cls(config.num_pages, config.page_size)
-    return Engine(runner, config, overlap=overlap, check_invariants=True), runner
+    engine = Engine(runner, config, overlap=overlap, check_invariants=True, host_thread=host_thread)
+    return engine, runner
 
 
 CACHED: dict[str, int] = {}  # cached_tokens each request reported (on its first output)
@@ -221,6 +224,49 @@ def test_other_errors_fail_only_the_failing_steps_requests(phase):
         if rid not in failed:
             assert got[rid] == expected(seed, prompt, 12), rid
     # The engine keeps serving.
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=5, seed=5, ignore_eos=True), "after")
+    got, ends = drain(engine)
+    assert got["after"] == expected(5, [1, 2, 3], 5)
+
+
+@pytest.mark.parametrize("phase", ["launch", "submit", "finalize"])
+def test_failures_with_host_work_on_the_helper_thread(phase):
+    """host_thread=True (engine/loop.py): out of memory in a held-back step's build, its
+    submission or a finalize retracts and resumes token-exact; another error fails only
+    the failing step's requests; a failure inside the helper's planning fails what runs and
+    the engine goes on."""
+    engine, runner = engine_for(True, host_thread=True, max_num_batched_tokens=256)
+    runner.fault = Faults({5, 9, 14}, phase, RuntimeError("[malloc] out of memory"))
+    specs = start(engine, 6)
+    got, ends = drain(engine)
+    assert runner.fault.hits == 3 and engine.loop.num_threaded > 10
+    for rid, (seed, prompt) in specs.items():
+        assert ends[rid].error is None
+        assert got[rid] == expected(seed, prompt, 30), rid
+    step0 = runner.launched[-1].step_id
+    runner.fault = Faults({step0 + 6}, phase, ValueError("kernel exploded"))
+    specs = start(engine, 4, max_tokens=12)
+    got, ends = drain(engine)
+    failed = {rid for rid, o in ends.items() if o.finish_reason == "error"}
+    assert failed and all("kernel exploded" in ends[r].error for r in failed)
+    for rid, (seed, prompt) in specs.items():
+        if rid not in failed:
+            assert got[rid] == expected(seed, prompt, 12), rid
+    sched = engine.scheduler
+    real_schedule, calls = sched.schedule, [0]
+
+    def schedule(parent=None):
+        calls[0] += 1
+        if calls[0] == 8:
+            raise ValueError("planning exploded")
+        return real_schedule(parent)
+
+    sched.schedule = schedule
+    runner.fault = None
+    start(engine, 3, max_tokens=12)
+    got, ends = drain(engine)
+    assert any("planning exploded" in (o.error or "") for o in ends.values())
+    del sched.schedule
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=5, seed=5, ignore_eos=True), "after")
     got, ends = drain(engine)
     assert got["after"] == expected(5, [1, 2, 3], 5)

@@ -26,21 +26,36 @@ def expected_tokens(seed: int, prompt: list[int], params: SamplingParams) -> tup
     return out, "length"
 
 
-def make_engine(overlap: bool, **cfg) -> tuple[Engine, FakeRunner]:
+def make_engine(
+    overlap: bool, host_thread: bool | None = False, **cfg
+) -> tuple[Engine, FakeRunner]:
     config = SchedulerConfig(**{"max_num_seqs": 8, "max_model_len": 512, **cfg})
     runner = FakeRunner(config.num_pages, config.page_size)
-    engine = Engine(runner, config, eos_token_ids=[EOS], overlap=overlap, check_invariants=True)
+    engine = Engine(
+        runner,
+        config,
+        eos_token_ids=[EOS],
+        overlap=overlap,
+        check_invariants=True,
+        host_thread=host_thread,
+    )
     return engine, runner
 
 
 def run_random_schedule(
-    overlap: bool, seed: int, num_requests: int = 60, *, max_prompt: int = 40, **cfg
+    overlap: bool,
+    seed: int,
+    num_requests: int = 60,
+    *,
+    max_prompt: int = 40,
+    host_thread: bool | None = False,
+    **cfg,
 ):
     """Random arrivals, prompt/output lengths, stops and aborts; a third of the prompts
     extend one of a few shared prefixes and a sixth resend an earlier prompt (multi-turn
     style), so the prefix cache sees hits of every length."""
     rng = random.Random(seed)
-    engine, runner = make_engine(overlap, **cfg)
+    engine, runner = make_engine(overlap, host_thread, **cfg)
     arrivals = sorted(rng.randrange(0, 200) for _ in range(num_requests))
     prefixes = [[rng.randrange(0, 900) for _ in range(rng.randint(1, 60))] for _ in range(3)]
     specs = []
@@ -102,6 +117,22 @@ def test_random_schedules_give_exact_tokens_and_keep_invariants(seed, prefix_cac
     assert on[1] == off[1]
     # An abort lands after a number of tokens that depends on the steps in flight.
     done = [rid for rid, reason in on[1].items() if reason != "abort"]
+    assert [on[0][r] for r in done] == [off[0][r] for r in done]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_host_work_beside_the_submission_keeps_tokens_exact(seed, prefix_cache):
+    """Every chained step with its host work on the helper thread (engine/loop.py): each
+    request's tokens are exact (checked against its own sequence inside), invariants hold
+    after every step with a step held back, and nothing is lost. Arrivals join a step later
+    than in the plain order, so aborts land elsewhere: compare the requests both finished."""
+    on = run_random_schedule(True, seed, prefix_cache=prefix_cache, host_thread=True)
+    off = run_random_schedule(False, seed, prefix_cache=prefix_cache)
+    loop = on[2].loop
+    assert loop.num_threaded > loop.num_steps // 3, (loop.num_threaded, loop.num_steps)
+    done = [r for r, why in on[1].items() if why != "abort" and off[1][r] != "abort"]
+    assert len(done) > 40
     assert [on[0][r] for r in done] == [off[0][r] for r in done]
     assert on[2].loop.num_chained > 0
     assert off[2].loop.num_chained == 0
@@ -173,9 +204,9 @@ class PeakRunner(FakeRunner):
     peak: int = 0
     sched = None
 
-    def launch(self, plan, parent, masks=None):
+    def launch(self, plan, parent, masks=None, **kw):
         self.peak = max(self.peak, self.sched.kv.num_held)
-        return super().launch(plan, parent, masks)
+        return super().launch(plan, parent, masks, **kw)
 
 
 def test_the_pool_bounds_admission_and_is_used_to_the_full():
@@ -349,3 +380,79 @@ def test_a_queue_blocked_on_sequences_does_not_break_chains():
     while engine.has_unfinished():
         engine.step()
         engine.check_invariants()
+
+
+def test_automatic_host_thread_follows_who_sets_the_pace():
+    """host_thread=None: the loop hands its host work to the helper only while finalizes
+    find their steps done and that work is worth a hand-over; a device that sets the pace
+    again (long waits) turns it back, with a back-off; exact tokens throughout."""
+    from tandem.engine import loop as loop_mod
+
+    now = [0.0]
+    engine, runner = make_engine(True, host_thread=None, max_num_seqs=8)
+    loop = engine.loop
+    loop.clock = lambda: now[0]
+    cost = {"finalize": 0.0, "update": 0.0}
+    real_finalize, real_update = runner.finalize, engine.scheduler.update
+
+    def finalize(handle):
+        now[0] += cost["finalize"]
+        return real_finalize(handle)
+
+    def update(plan, result):
+        now[0] += cost["update"]
+        return real_update(plan, result)
+
+    runner.finalize, engine.scheduler.update = finalize, update
+    params = [SamplingParams(max_tokens=400, seed=i, ignore_eos=True) for i in range(8)]
+    prompts = {f"r{i}": [3 + i, 40, 7 * i % 50 + 1] for i in range(8)}
+    for (rid, prompt), p in zip(prompts.items(), params, strict=True):
+        engine.add_request(prompt, p, rid)
+    got: dict[str, list[int]] = {rid: [] for rid in prompts}
+
+    def run(steps: int) -> int:
+        before = loop.num_threaded
+        for _ in range(steps):
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+            engine.check_invariants()
+        return loop.num_threaded - before
+
+    assert run(30) == 0  # host work too small to be worth a thread
+    cost["update"] = 2 * loop_mod.HOST_WORK_MIN
+    assert run(30) > 20  # the host sets the pace, with work to hide
+    cost["finalize"] = 4 * cost["update"]  # now the device does
+    assert run(30) <= 1
+    cost["finalize"] = 0.0
+    assert run(loop_mod.HOST_BACKOFF_STEPS // 2) == 0  # backing off
+    assert run(2 * loop_mod.HOST_BACKOFF_STEPS) > 0
+    while engine.has_unfinished():
+        run(1)
+    for i, (rid, prompt) in enumerate(prompts.items()):
+        assert (got[rid], "length") == expected_tokens(i, prompt, params[i]), rid
+
+
+def test_drain_with_a_step_held_back():
+    """A pause drains the loop (core_process): with host_thread a step may be held back
+    unsubmitted; drain submits and finalizes it, nothing is lost, and the engine resumes."""
+    engine, runner = make_engine(True, host_thread=True)
+    params = [SamplingParams(max_tokens=40, seed=i, ignore_eos=True) for i in range(6)]
+    prompts = [[5 + i, 9, 14] * (i + 1) for i in range(6)]
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(prompt, p, f"r{i}")
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(6)}
+    held = 0
+    for k in range(60):
+        outs = engine.step()
+        if k % 7 == 6:
+            held += engine.loop.pending is not None
+            outs += engine.loop.drain()
+            assert engine.loop.pending is None and engine.loop.curr is None
+            engine.check_invariants()
+        for out in outs:
+            got[out.request_id] += out.new_token_ids
+        if not engine.has_unfinished():
+            break
+    assert held > 0 and not engine.has_unfinished()
+    for i, prompt in enumerate(prompts):
+        assert (got[f"r{i}"], "length") == expected_tokens(i, prompt, params[i])

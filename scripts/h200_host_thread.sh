@@ -1,0 +1,43 @@
+#!/bin/bash
+# The loop's host work beside the submission (engine/loop.py, ``host_thread``) on the GPU:
+# steady decode steps at B = 256 on the Qwen3-0.6B shape with it off and forced on,
+# uncompiled and compiled, then the B = 256 end-to-end run (ramp and decode) with it off and
+# automatic, and a single stream (where automatic should leave it off). JSON under $OUT.
+#
+# Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
+# Device call 2 (carry .gpu/b):
+#   source .gpu/b/install.sh > /tmp/install.log 2>&1; bash scripts/h200_host_thread.sh
+# Environment: SHAPE [qwen3-0.6b], BATCH [256], PARTS [profile,ramp,single].
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/h200_out}
+SHAPE=${SHAPE:-qwen3-0.6b}
+BATCH=${BATCH:-256}
+PARTS=${PARTS:-profile,ramp,single}
+mkdir -p "$OUT"
+quiet() { grep -v -i "warning\|regex"; }
+if [[ $PARTS == *profile* ]]; then
+  for compiled in 0 "$BATCH"; do
+    for ht in false true; do
+      echo "== B=$BATCH compile_decode=$compiled host_thread=$ht"
+      timeout 120 "$PY" -m tandem.bench.step_profile --shape "$SHAPE" --dtype bfloat16 \
+        --batch "$BATCH" --input-len 256 --steps 96 --overlap-only \
+        --engine-options "{\"compile_decode\": $compiled, \"host_thread\": $ht}" \
+        --json "$OUT/profile-c$compiled-$ht.json" 2>&1 | quiet | grep "overlap=on"
+    done
+  done
+fi
+if [[ $PARTS == *ramp* ]]; then
+  for ht in false null; do
+    echo "== ramp, host_thread=$ht"
+    timeout 150 "$PY" -m tandem.bench.ramp --shape "$SHAPE" --batch "$BATCH" --budgets 2048 \
+      --engine-options "{\"host_thread\": $ht}" --json "$OUT/ramp-$ht.json" 2>&1 | quiet | tail -3
+  done
+fi
+if [[ $PARTS == *single* ]]; then
+  echo "== single stream, host_thread automatic"
+  timeout 100 "$PY" -m tandem.bench.step_profile --shape "$SHAPE" --dtype bfloat16 --batch 1 \
+    --input-len 256 --steps 128 --json "$OUT/profile-b1.json" 2>&1 | quiet | grep "B="
+fi
+exit 0
