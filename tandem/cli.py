@@ -71,6 +71,7 @@ def _engine_config(args: argparse.Namespace):
     return EngineConfig(
         model=args.model,
         overlap=not args.no_overlap,
+        host_thread={"auto": None, "on": True, "off": False}[args.host_thread],
         dtype=args.dtype,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
@@ -128,6 +129,13 @@ def _bench(args: argparse.Namespace) -> int:
 def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> None:
     p.add_argument("--model", help="model directory or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--no-overlap", action="store_true", help="one step in flight")
+    p.add_argument(
+        "--host-thread",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="plan and apply results on a helper thread beside each submission (auto: on a "
+        "GPU while the host sets the pace; engine/loop.py)",
+    )
     p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int)

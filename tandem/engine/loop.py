@@ -22,7 +22,8 @@ its own rate during ``mx.async_eval``). Step N+1 is built but held back; N is fi
 (nothing else touches MLX then), then N+1 is submitted on this thread while a helper thread
 applies N's results and plans N+2 (pure Python: the scheduler never imports MLX). N+2 is
 built once both are done. The plans, their order and every token are the ones the plain order
-gives; a request that arrives between steps joins one step later.
+gives; a request that arrives between steps joins one step later. (docs/design.md, "Host work
+beside the submission"; the policy is at HOST_BOUND_WAIT below.)
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Runner(Protocol):
     ``reset`` drops every in-flight step and recreates the KV pool (after a failure)."""
 
     words: int  # int32 words of a grammar bitmask row
+    # Whether ``host_thread=None`` may hand host work to the helper (a device apart from the
+    # host's cores: a GPU; on the CPU backend the device shares them).
+    host_thread_auto: bool
 
     @property
     def shapes(self) -> int:
@@ -85,9 +89,10 @@ class InFlightStep:
 # the device, set the pace. After HOST_BOUND_STEPS such steps in a row whose host work
 # (planning and applying results) took HOST_WORK_MIN or more, the loop runs that work beside
 # the submissions (``host_thread``; less is not worth the hand-over: on this repository's CPU
-# at 8 rows, 0.11 ms of it, the thread made a step 1.2-1.4x slower). It turns back, for
-# HOST_BACKOFF_STEPS, when a finalize waits longer than the host work the thread hides (the
-# device sets the pace again) or the work shrinks.
+# at 8 rows, 0.11 ms of it, the thread made a step 1.2-1.4x slower). It turns back when a
+# finalize waits longer than the host work the thread hides (the device sets the pace again)
+# or the work shrinks, and then needs HOST_BACKOFF_STEPS more such steps before it tries
+# again. Only where the runner's ``host_thread_auto`` says the device is apart from the host.
 HOST_BOUND_WAIT = 2.5e-4
 HOST_BOUND_STEPS = 4
 HOST_WORK_MIN = 5e-4
@@ -175,6 +180,8 @@ class OverlapLoop:
         # (Never with a draft model: planning may run it, and MLX stays on this thread.)
         if not self.overlap or self.host_thread is False or self.scheduler.proposer is not None:
             return False
+        if self.host_thread is None and not getattr(self.runner, "host_thread_auto", False):
+            return False
         return self.host_thread is True or self._paced >= HOST_BOUND_STEPS
 
     def _pace(self, threaded: bool = False) -> None:
@@ -214,11 +221,18 @@ class OverlapLoop:
         result = self._wait(cur)
         if self._helper is None:
             self._helper = ThreadPoolExecutor(1, thread_name_prefix="tandem-host")
-        job = self._helper.submit(self._apply_and_plan, cur, result, nxt)
+        # (Plain data only: the helper must never drop the last reference to an array.)
+        job = self._helper.submit(
+            self._apply_and_plan, cur.plan, cur.launched, cur.fresh, result, nxt.plan
+        )
         try:
             self._submit(nxt)
-        finally:
-            job.exception()  # (the helper is done either way before anything goes on)
+        except BaseException:
+            # The helper is done before anything goes on; the submission's failure wins.
+            lost = job.exception() or (job.result()[2] or (None,))[0]
+            if lost is not None:
+                log.error("host work failed beside a failed submission: %r", lost)
+            raise
         plan, launched, failure = job.result()
         self.num_threaded += 1
         self._pace(threaded=True)
@@ -235,22 +249,23 @@ class OverlapLoop:
         # step finalizes N+1 and then completes it, as the plain order does.
 
     def _apply_and_plan(
-        self, cur: InFlightStep, result: StepResult, parent: InFlightStep
+        self, done: StepPlan, launched: float, fresh: bool, result: StepResult, parent: StepPlan
     ) -> tuple[StepPlan | None, float, tuple[Exception, StepPlan | None] | None]:
         """On the helper thread: N's results, then N+2's plan (chained on N+1). A failure
         comes back with the plan it belongs to (None: the scheduler's own)."""
         t = self.clock()
         try:
-            self._update(cur, result)  # (not _apply: _failing is the loop thread's)
+            self._update(done, launched, fresh, result)  # (_failing is the loop thread's)
         except Exception as e:  # noqa: BLE001 - re-raised on the loop's thread
-            return None, 0.0, (e, cur.plan)
-        launched = self.clock()
+            return None, 0.0, (e, done)
+        start = self.clock()
         try:
-            plan = self.scheduler.schedule(parent.plan)
+            plan = self.scheduler.schedule(parent)
         except Exception as e:  # noqa: BLE001
-            return None, launched, (e, None)
-        self._work = self.clock() - t
-        return plan, launched, None
+            return None, start, (e, None)
+        end = self.clock()
+        self._planned, self._work = end - start, end - t
+        return plan, start, None
 
     def _submit(self, s: InFlightStep) -> None:
         self._failing = s.plan
@@ -262,11 +277,13 @@ class OverlapLoop:
         """Finalize whatever is in flight (used before shutdown or a pause)."""
         self._out = []
         try:
-            if self.pending is not None:
+            if self.pending is not None and not self.pending.submitted:
                 self._submit(self.pending)
-            for s in (self.curr, self.pending):
-                if s is not None:
-                    self._finalize(s)
+            if self.curr is not None:
+                self._finalize(self.curr)
+            if self.pending is not None:
+                self._complete(self.pending)  # (a held-back plan's masks, now its parent is in)
+                self._finalize(self.pending)
         except Exception as e:  # noqa: BLE001
             self._recover(e)
         self.curr = self.pending = None
@@ -317,19 +334,19 @@ class OverlapLoop:
 
     def _apply(self, s: InFlightStep, result: StepResult) -> None:
         self._failing = s.plan
-        self._update(s, result)
+        self._update(s.plan, s.launched, s.fresh, result)
         self._failing = None
 
-    def _update(self, s: InFlightStep, result: StepResult) -> None:
+    def _update(self, plan: StepPlan, launched: float, fresh: bool, result: StepResult) -> None:
         t = self.clock()
-        outputs = self.scheduler.update(s.plan, result)
+        outputs = self.scheduler.update(plan, result)
         self._out += outputs
         end = self.clock()
         self._applied = end - t
         tokens = sum(len(o.new_token_ids) for o in outputs)
-        seconds = end - max(s.launched, self._last_end)
-        self.num_fresh += s.fresh
-        self.scheduler.gain.timed(s.plan.step_id, tokens, seconds, fresh=s.fresh)
+        seconds = end - max(launched, self._last_end)
+        self.num_fresh += fresh
+        self.scheduler.gain.timed(plan.step_id, tokens, seconds, fresh=fresh)
         self._last_end = end
 
     _failing: StepPlan | None = None

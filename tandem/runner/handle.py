@@ -16,7 +16,8 @@ from tandem.runner.sampler import LogprobArrays, SamplingArrays, logprob_entries
 class Handle:
     """A launched step: only its lazy outputs, never the KV buffers (they must stay
     donatable so the next step's in-place writes don't copy them) — except while it is held
-    back unsubmitted, for one step's host work at most (``unsubmitted``)."""
+    back unsubmitted (``unsubmitted``): from its build to its submission at the next step,
+    before which no other step is built."""
 
     plan: StepPlan
     tokens: mx.array | None  # None until the sampling is attached (constrained rows)

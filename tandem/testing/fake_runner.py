@@ -98,6 +98,7 @@ class FakeRunner:
     # Launches that meet a new compiled shape, as a compiled runner's first step of a
     # shape does (the loop's step timing leaves them out: engine/spec_gain.py).
     shapes: int = 0
+    host_thread_auto: bool = False  # (a test that wants the loop's automatic thread sets it)
     new_shape_fn: Callable[[StepPlan], bool] | None = None
     _unfinalized: list[FakeHandle] = field(default_factory=list)
 

@@ -25,7 +25,9 @@ def tokenizer(tiny_model_dir) -> Tokenizer:
     return Tokenizer.load(tiny_model_dir("llama"))
 
 
-def make_engine(tokenizer: Tokenizer, overlap: bool, **cfg) -> tuple[Engine, FakeRunner]:
+def make_engine(
+    tokenizer: Tokenizer, overlap: bool, host_thread: bool | None = None, **cfg
+) -> tuple[Engine, FakeRunner]:
     config = SchedulerConfig(**{"max_num_seqs": 8, "max_model_len": 1024, **cfg})
     runner = FakeRunner(config.num_pages, config.page_size, words=words_for(VOCAB))
     engine = Engine(
@@ -36,12 +38,16 @@ def make_engine(tokenizer: Tokenizer, overlap: bool, **cfg) -> tuple[Engine, Fak
         check_invariants=True,
         vocab_size=VOCAB,
         grammar=lambda: GrammarCompiler(tokenizer.hf, VOCAB, tokenizer.eos_token_ids),
+        host_thread=host_thread,
     )
     return engine, runner
 
 
-def run_mixed(tokenizer: Tokenizer, overlap: bool, seed: int, n: int = 40, **cfg):
-    """Random arrivals; about half the requests constrained by a random case."""
+def run_mixed(
+    tokenizer: Tokenizer, overlap: bool, seed: int, n: int = 40, drain_every: int = 0, **cfg
+):
+    """Random arrivals; about half the requests constrained by a random case. With
+    ``drain_every``, the loop is drained (a pause) every that many steps."""
     rng = random.Random(seed)
     engine, runner = make_engine(tokenizer, overlap, **cfg)
     arrivals = sorted(rng.randrange(0, 60) for _ in range(n))
@@ -64,13 +70,31 @@ def run_mixed(tokenizer: Tokenizer, overlap: bool, seed: int, n: int = 40, **cfg
         while pending and pending[0][0] <= step:
             _, rid, prompt, params, _ = pending.pop(0)
             engine.add_request(prompt, params, rid)
-        for out in engine.step():
+        outs = engine.step()
+        if drain_every and step % drain_every == drain_every - 1:
+            outs += engine.loop.drain()
+        for out in outs:
             outputs[out.request_id].extend(out.new_token_ids)
             if out.finish_reason:
                 reasons[out.request_id] = out.finish_reason
         step += 1
         assert step < 10_000
     return specs, outputs, reasons, runner, engine
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_constrained_rows_with_host_work_on_the_helper_thread(tokenizer, seed):
+    """host_thread=True (engine/loop.py) with guided requests in the batch: a plan with
+    constrained rows is never held back (its sampling waits for masks), drains (pauses)
+    that meet one finalize and then complete it, and every output equals overlap off."""
+    on = run_mixed(tokenizer, True, seed, drain_every=5, host_thread=True)
+    off = run_mixed(tokenizer, False, seed)
+    specs, outputs, reasons, runner, engine = on
+    finished = [rid for _, rid, *_ in specs if reasons[rid] != "abort"]
+    assert [outputs[r] for r in finished] == [off[1][r] for r in finished]
+    assert all(reasons[r] == off[2][r] for r in finished)
+    assert not any(why == "error" for why in reasons.values())
+    assert engine.loop.num_threaded > 0 and runner.completed_late > 5
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -118,6 +118,13 @@ def test_random_schedules_give_exact_tokens_and_keep_invariants(seed, prefix_cac
     # An abort lands after a number of tokens that depends on the steps in flight.
     done = [rid for rid, reason in on[1].items() if reason != "abort"]
     assert [on[0][r] for r in done] == [off[0][r] for r in done]
+    assert on[2].loop.num_chained > 0
+    assert off[2].loop.num_chained == 0
+    stats = on[2].scheduler.stats
+    if prefix_cache:
+        assert stats.hit_tokens > 0
+    else:
+        assert stats.hit_tokens == 0 and on[2].scheduler.kv.tree is None
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -134,13 +141,6 @@ def test_host_work_beside_the_submission_keeps_tokens_exact(seed, prefix_cache):
     done = [r for r, why in on[1].items() if why != "abort" and off[1][r] != "abort"]
     assert len(done) > 40
     assert [on[0][r] for r in done] == [off[0][r] for r in done]
-    assert on[2].loop.num_chained > 0
-    assert off[2].loop.num_chained == 0
-    stats = on[2].scheduler.stats
-    if prefix_cache:
-        assert stats.hit_tokens > 0
-    else:
-        assert stats.hit_tokens == 0 and on[2].scheduler.kv.tree is None
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -390,6 +390,7 @@ def test_automatic_host_thread_follows_who_sets_the_pace():
 
     now = [0.0]
     engine, runner = make_engine(True, host_thread=None, max_num_seqs=8)
+    runner.host_thread_auto = True  # (a GPU runner's; the CPU's and the fake's are False)
     loop = engine.loop
     loop.clock = lambda: now[0]
     cost = {"finalize": 0.0, "update": 0.0}
@@ -420,6 +421,9 @@ def test_automatic_host_thread_follows_who_sets_the_pace():
 
     assert run(30) == 0  # host work too small to be worth a thread
     cost["update"] = 2 * loop_mod.HOST_WORK_MIN
+    runner.host_thread_auto = False
+    assert run(30) == 0  # a runner whose device shares the host's cores
+    runner.host_thread_auto = True
     assert run(30) > 20  # the host sets the pace, with work to hide
     cost["finalize"] = 4 * cost["update"]  # now the device does
     assert run(30) <= 1
@@ -456,3 +460,44 @@ def test_drain_with_a_step_held_back():
     assert held > 0 and not engine.has_unfinished()
     for i, prompt in enumerate(prompts):
         assert (got[f"r{i}"], "length") == expected_tokens(i, prompt, params[i])
+
+
+def test_a_failure_in_the_helpers_update_fails_that_steps_requests():
+    """host_thread=True: ``Scheduler.update`` raising on the helper thread is attributed to
+    the step it was applying (its requests fail with the error); the rest of the batch
+    resumes token-exact and the engine keeps serving."""
+    engine, runner = make_engine(True, host_thread=True)
+    sched = engine.scheduler
+    params = [SamplingParams(max_tokens=30, seed=i, ignore_eos=True) for i in range(5)]
+    prompts = [[9 + i, 4, 2] * 3 for i in range(5)]
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(prompt, p, f"r{i}")
+    real, calls = sched.update, [0]
+
+    def update(plan, result):
+        calls[0] += 1
+        if calls[0] == 12:
+            assert engine.loop.pending is None  # (on the helper: the loop thread submits)
+            raise ValueError("update exploded")
+        return real(plan, result)
+
+    sched.update = update
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(5)}
+    ends: dict[str, object] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+            if out.finish_reason:
+                ends[out.request_id] = out
+        engine.check_invariants()
+    failed = {r for r, o in ends.items() if o.finish_reason == "error"}
+    assert failed and all("update exploded" in ends[r].error for r in failed)
+    for i, prompt in enumerate(prompts):
+        if f"r{i}" not in failed:
+            assert (got[f"r{i}"], "length") == expected_tokens(i, prompt, params[i])
+    del sched.update
+    engine.add_request([1, 2, 3], params[0], "after")
+    out = []
+    while engine.has_unfinished():
+        out += [t for o in engine.step() for t in o.new_token_ids]
+    assert (out, "length") == expected_tokens(0, [1, 2, 3], params[0])
