@@ -16,8 +16,9 @@ class EngineConfig:
     overlap: bool = True
     # Apply a step's results and plan the next beside the submission, on a helper thread
     # (engine/loop.py; None: while the host sets the pace, i.e. finalizes find their step
-    # done; True: whenever a step allows it; False: never). Plans and tokens are unchanged;
-    # a request arriving then joins one step later.
+    # done, on a device apart from the host (a GPU, not the CPU backend); True: whenever a
+    # step allows it; False: never). Plans and tokens are unchanged; a request arriving then
+    # joins one step later.
     host_thread: bool | None = None
     dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
@@ -82,6 +83,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.prefill_chunk_while_decoding < 0:
             raise ValueError("prefill_chunk_while_decoding must be >= 0")
+        if not (self.host_thread is None or isinstance(self.host_thread, bool)):
+            raise ValueError("host_thread must be true, false or null (automatic)")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 1:

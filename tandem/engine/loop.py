@@ -91,8 +91,9 @@ class InFlightStep:
 # the submissions (``host_thread``; less is not worth the hand-over: on this repository's CPU
 # at 8 rows, 0.11 ms of it, the thread made a step 1.2-1.4x slower). It turns back when a
 # finalize waits longer than the host work the thread hides (the device sets the pace again)
-# or the work shrinks, and then needs HOST_BACKOFF_STEPS more such steps before it tries
-# again. Only where the runner's ``host_thread_auto`` says the device is apart from the host.
+# or the work shrinks, and then needs HOST_BACKOFF_STEPS + HOST_BOUND_STEPS more such steps
+# before it tries again. Only where the runner's ``host_thread_auto`` says the device is
+# apart from the host.
 HOST_BOUND_WAIT = 2.5e-4
 HOST_BOUND_STEPS = 4
 HOST_WORK_MIN = 5e-4
@@ -111,7 +112,8 @@ class OverlapLoop:
         host_thread: bool | None = None,
     ) -> None:
         """``host_thread``: apply results and plan beside the submission (module docstring):
-        None when the host sets the pace, True whenever a step allows it, False never."""
+        None when the host sets the pace and the runner's device is apart from the host
+        (``host_thread_auto``), True whenever a step allows it, False never."""
         self.scheduler = scheduler
         self.runner = runner
         self.overlap = overlap
@@ -227,12 +229,16 @@ class OverlapLoop:
         )
         try:
             self._submit(nxt)
-        except BaseException:
-            # The helper is done before anything goes on; the submission's failure wins.
-            lost = job.exception() or (job.result()[2] or (None,))[0]
-            if lost is not None:
-                log.error("host work failed beside a failed submission: %r", lost)
-            raise
+        except BaseException as e:
+            job.exception()  # (the helper is done before anything goes on)
+            failure = job.result()[2] if isinstance(e, Exception) else None
+            if failure is None:
+                raise
+            # Both failed: the helper's counts (N may be half applied: its requests must
+            # fail; N+1's resume with everything else in flight).
+            log.error("the submission failed too: %r", e)
+            self._failing = failure[1]
+            raise failure[0] from e
         plan, launched, failure = job.result()
         self.num_threaded += 1
         self._pace(threaded=True)

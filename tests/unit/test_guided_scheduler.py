@@ -97,6 +97,38 @@ def test_constrained_rows_with_host_work_on_the_helper_thread(tokenizer, seed):
     assert engine.loop.num_threaded > 0 and runner.completed_late > 5
 
 
+def test_drain_meets_a_grammar_step_sent_whole(tokenizer):
+    """host_thread=True: unconstrained requests run with their host work on the helper; a
+    guided request then joins, so the step the helper plans has constrained rows and goes
+    out whole (its sampling waits for masks). A drain at that moment (a pause) finalizes
+    the step before it, then completes and finalizes it: nothing fails, output stays valid."""
+    case = next(c for c in CASES if c.bounded)
+    met = 0
+    for arrive in range(3, 9):
+        engine, runner = make_engine(tokenizer, True, host_thread=True)
+        for i in range(3):
+            params = SamplingParams(max_tokens=40, seed=i, ignore_eos=True)
+            engine.add_request([5 + i, 6, 7], params, f"p{i}")
+        outs, drained = [], False
+        for k in range(400):
+            if k == arrive:
+                guided = SamplingParams(max_tokens=300, seed=9, guided=case.guided)
+                engine.add_request([5, 9, 7], guided, "g")
+            outs += engine.step()
+            pending = engine.loop.pending
+            if not drained and pending is not None and pending.submitted:
+                assert pending.plan.sampling.constrained
+                outs += engine.loop.drain()
+                drained = True
+            if not engine.has_unfinished():
+                break
+        met += drained
+        assert not any(o.finish_reason == "error" for o in outs)
+        text = tokenizer.decode([t for o in outs if o.request_id == "g" for t in o.new_token_ids])
+        assert case.check(text), text
+    assert met >= 3
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_constrained_output_is_valid_and_overlap_is_exact(tokenizer, seed):
     on = run_mixed(tokenizer, True, seed)

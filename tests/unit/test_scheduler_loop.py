@@ -464,34 +464,41 @@ def test_drain_with_a_step_held_back():
 
 def test_a_failure_in_the_helpers_update_fails_that_steps_requests():
     """host_thread=True: ``Scheduler.update`` raising on the helper thread is attributed to
-    the step it was applying (its requests fail with the error); the rest of the batch
-    resumes token-exact and the engine keeps serving."""
+    the step it was applying (exactly its unfinished requests fail with the error); the
+    others resume token-exact and the engine keeps serving."""
+    import threading
+
     engine, runner = make_engine(True, host_thread=True)
     sched = engine.scheduler
-    params = [SamplingParams(max_tokens=30, seed=i, ignore_eos=True) for i in range(5)]
-    prompts = [[9 + i, 4, 2] * 3 for i in range(5)]
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(prompt, p, f"r{i}")
-    real, calls = sched.update, [0]
+    params = [SamplingParams(max_tokens=12 + 4 * i, seed=i, ignore_eos=True) for i in range(6)]
+    prompts = [[9 + i, 4, 2] * 3 for i in range(6)]
+    real, calls, blamed = sched.update, [0], set()
 
     def update(plan, result):
         calls[0] += 1
-        if calls[0] == 12:
-            assert engine.loop.pending is None  # (on the helper: the loop thread submits)
+        if calls[0] == 6:
+            assert threading.current_thread().name.startswith("tandem-host")
+            blamed.update(r for r in plan.request_ids if not sched.running[r].finished)
             raise ValueError("update exploded")
         return real(plan, result)
 
     sched.update = update
-    got: dict[str, list[int]] = {f"r{i}": [] for i in range(5)}
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(6)}
     ends: dict[str, object] = {}
-    while engine.has_unfinished():
+    step = 0
+    while step < 18 or engine.has_unfinished():
+        if step < 18 and step % 3 == 0:  # staggered: the failing step holds some of them
+            i = step // 3
+            engine.add_request(prompts[i], params[i], f"r{i}")
         for out in engine.step():
             got[out.request_id] += out.new_token_ids
             if out.finish_reason:
                 ends[out.request_id] = out
         engine.check_invariants()
+        step += 1
     failed = {r for r, o in ends.items() if o.finish_reason == "error"}
-    assert failed and all("update exploded" in ends[r].error for r in failed)
+    assert failed == blamed and 0 < len(failed) < 6
+    assert all("update exploded" in ends[r].error for r in failed)
     for i, prompt in enumerate(prompts):
         if f"r{i}" not in failed:
             assert (got[f"r{i}"], "length") == expected_tokens(i, prompt, params[i])
