@@ -20,6 +20,18 @@ def test_step_profile_phases_add_up_and_count_graph_nodes(tiny_model_dir):
         assert 0.5 * r["step"] < parts < 2 * r["step"]
         assert r["tok_s"] > 0
         assert (r.get("nodes", 0) > 50) == (not overlap)
+        # What the timed run launched: mostly the 4 single-token rows (12 steps of 4x4).
+        assert r["plans"].get("4x4", 0) >= 8 and sum(r["plans"].values()) >= 12
+        assert (r["chained"] > 0) == overlap and r["threaded"] == 0
+
+
+def test_step_profile_with_the_host_thread_forced_on(tiny_model_dir):
+    """host_thread=True: the timed steps run their host work on the loop's helper (counted),
+    and steady steps are still found by their plans."""
+    r = step_profile.profile(
+        tiny_model_dir("llama"), 4, 16, 12, True, options={"host_thread": True}
+    )
+    assert r["threaded"] >= 8 and r["steady_steps"] >= 8 and r["tok_s"] > 0
 
 
 def test_ramp_splits_a_run_into_prefill_and_decode_steps(tiny_model_dir):
