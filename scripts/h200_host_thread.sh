@@ -7,14 +7,14 @@
 # Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
 # Device call 2 (carry .gpu/b):
 #   source .gpu/b/install.sh > /tmp/install.log 2>&1; bash scripts/h200_host_thread.sh
-# Environment: SHAPE [qwen3-0.6b], BATCH [256], PARTS [profile,ramp,single].
+# Environment: SHAPE [qwen3-0.6b], BATCH [256], PARTS [profile,ramp,single,long].
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/h200_out}
 SHAPE=${SHAPE:-qwen3-0.6b}
 BATCH=${BATCH:-256}
-PARTS=${PARTS:-profile,ramp,single}
+PARTS=${PARTS:-profile,ramp,single,long}
 mkdir -p "$OUT"
 quiet() { grep -v -i "warning\|regex"; }
 if [[ $PARTS == *profile* ]]; then
@@ -39,5 +39,11 @@ if [[ $PARTS == *single* ]]; then
   echo "== single stream, host_thread automatic"
   timeout 100 "$PY" -m tandem.bench.step_profile --shape "$SHAPE" --dtype bfloat16 --batch 1 \
     --input-len 256 --steps 128 --json "$OUT/profile-b1.json" 2>&1 | quiet | grep "B="
+fi
+if [[ $PARTS == *long* ]]; then
+  echo "== 8B, 4 x 16k after a prefix hit, overlap on (the whole log)"
+  timeout 150 "$PY" -m tandem.bench.step_profile --shape qwen3-8b --dtype bfloat16 --batch 4 \
+    --input-len 16384 --steps 24 --cache-prompts --overlap-only \
+    --json "$OUT/profile-8b-4x16k-on.json" 2>&1 | quiet | tail -40
 fi
 exit 0
