@@ -167,34 +167,38 @@ class OverlapLoop:
         if nxt is not None and nxt.fresh:
             self.curr.fresh = True  # (N's interval holds N+1's tracing)
         # 2. Finalize N (the device is busy with N+1 meanwhile), then complete N+1.
-        self._finalize(self.curr)
-        if nxt is not None:
-            self._pace()
-        self.curr = nxt
-        if nxt is not None:
-            self._complete(nxt)
-        else:
+        self._settle(self.curr, nxt)
+        self._check()
+
+    def _settle(self, cur: InFlightStep, nxt: InFlightStep | None) -> None:
+        """The plain order from N's finalize on (N+1 submitted): finalize N, then complete
+        N+1 and make it current."""
+        self._finalize(cur)
+        if nxt is None:
             # 3. The chain broke (or overlap is off): a fresh step with nothing in flight.
             self.curr = self._launch(None)
-        self._check()
+            return
+        self._pace()
+        self.curr = nxt
+        self._complete(nxt)
 
     def _threaded(self) -> bool:
         # (Never with a draft model: planning may run it, and MLX stays on this thread.)
         if not self.overlap or self.host_thread is False or self.scheduler.proposer is not None:
             return False
-        if self.host_thread is None and not getattr(self.runner, "host_thread_auto", False):
+        if self.host_thread is None and not self.runner.host_thread_auto:
             return False
         return self.host_thread is True or self._paced >= HOST_BOUND_STEPS
 
     def _pace(self, threaded: bool = False) -> None:
         """Count a chained step: did its finalize find the step done, with host work worth
         a thread? (module constants)."""
-        if not threaded:
-            self._work = self._planned + self._applied
-        if threaded:
+        if threaded:  # (``_work`` measured on the helper)
             if self._waited > max(HOST_BOUND_WAIT, self._work) or self._work < HOST_WORK_MIN:
                 self._paced = -HOST_BACKOFF_STEPS
-        elif self._waited < HOST_BOUND_WAIT and self._work >= HOST_WORK_MIN:
+            return
+        self._work = self._planned + self._applied
+        if self._waited < HOST_BOUND_WAIT and self._work >= HOST_WORK_MIN:
             self._paced += 1
         else:
             self._paced = min(self._paced, 0)
@@ -212,11 +216,7 @@ class OverlapLoop:
             # N's finalize on.
             if nxt is not None and not nxt.submitted:
                 self._submit(nxt)
-            self._finalize(cur)
-            if nxt is not None:
-                self._pace()
-                self._complete(nxt)
-            self.curr = nxt if nxt is not None else self._launch(None)
+            self._settle(cur, nxt)
             return
         # N+1 is built on N's lazy tokens. Finalize N first (nothing else touches MLX now),
         # then submit N+1 here while the helper applies N and plans N+2.
