@@ -41,9 +41,12 @@ if [[ $PARTS == *single* ]]; then
     --input-len 256 --steps 128 --json "$OUT/profile-b1.json" 2>&1 | quiet | grep "B="
 fi
 if [[ $PARTS == *long* ]]; then
-  echo "== 8B, 4 x 16k after a prefix hit, overlap on (the whole log)"
-  timeout 150 "$PY" -m tandem.bench.step_profile --shape qwen3-8b --dtype bfloat16 --batch 4 \
-    --input-len 16384 --steps 24 --cache-prompts --overlap-only \
-    --json "$OUT/profile-8b-4x16k-on.json" 2>&1 | quiet | tail -40
+  echo "== 8B, 4 x 16k after a prefix hit, overlap off then on in one process (the whole log)"
+  timeout 240 "$PY" -m tandem.bench.step_profile --shape qwen3-8b --dtype bfloat16 --batch 4 \
+    --input-len 16384 --steps 24 --cache-prompts \
+    --json "$OUT/profile-8b-4x16k-on.json" > "$OUT/long.log" 2>&1
+  grep -i -n "error\|retract\|recover\|preempt\|evict\|memory\|pool\|fail" "$OUT/long.log" \
+    | grep -v -i "warning\|regex" | head -40
+  quiet < "$OUT/long.log" | tail -8
 fi
 exit 0

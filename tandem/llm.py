@@ -29,7 +29,9 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 class LLM:
-    """Runs the engine in this thread. Not thread-safe: one caller at a time."""
+    """Runs the engine in this thread. Not thread-safe: one caller at a time. ``close()`` (or
+    ``with LLM(...) as llm:``) frees its device memory at once; an engine left to the garbage
+    collector may hold it while the next one sizes its KV pool from what is free."""
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
         self.config = EngineConfig(model=model, **engine_options)
@@ -37,6 +39,17 @@ class LLM:
         self.engine = built.engine
         self.tokenizer = built.tokenizer
         self.max_model_len = built.max_model_len
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Abort what is unfinished and free the KV pools and the model; generating after this
+        raises."""
+        self.engine.close()
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -148,6 +148,12 @@ def profile(
         total = time.perf_counter() - t
     finally:
         mr.mx.async_eval = real["async_eval"]
+        for obj, name in ((sched, "schedule"), (sched, "update"), (runner, "launch")):
+            delattr(obj, name)  # (the class's own again: no cycle through these closures)
+        del runner.finalize, loop.step
+        # Its memory goes now: the next engine sizes its KV pool from what is free, and one
+        # left to the collector still holds its pool and weights then.
+        llm.close()
     out: dict[str, Any] = {k: statistics.median(v) * 1e3 for k, v in rec.items() if v}
     out["steady_steps"] = len(rec["step"])
     out["tok_s"] = batch * steps / total
@@ -156,6 +162,7 @@ def profile(
     out["chained"] = loop.num_chained - chained0
     out["fresh"] = loop.num_fresh - fresh0
     out["threaded"] = loop.num_threaded - threaded0  # (then phases overlap: see engine/loop.py)
+    out["pool_tokens"] = sched.kv.num_pages * sched.config.page_size
     if nodes:
         out["nodes"] = sum(nodes[0].values())
         out["node_kinds"] = nodes[0]
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if r["steady_steps"] < a.steps // 2:
                     print(
                         f"       few steady steps: plans {r['plans']}, chained {r['chained']}, "
-                        f"traced {r['fresh']}",
+                        f"traced {r['fresh']}, KV pool {r['pool_tokens']} tokens",
                         flush=True,
                     )
                 if "node_kinds" in r:

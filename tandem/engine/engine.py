@@ -55,6 +55,7 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size
         self._ids = itertools.count()
+        self.closed = False
         # Steps run and the wall time spent inside them (metrics: the mean step time of a
         # serving engine against the offline API's at the same batch).
         self.steps = 0
@@ -83,6 +84,8 @@ class Engine:
     ) -> str:
         """Queue a request; raises ValueError if it can never be served. ``follows``: the id
         of a request with the same prompt whose prefill this one should reuse (n > 1)."""
+        if self.closed:
+            raise RuntimeError("the engine is closed")
         for t in prompt_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise ValueError(f"prompt token ids must be non-negative integers, got {t!r}")
@@ -117,6 +120,16 @@ class Engine:
         finally:
             self.steps += 1
             self.step_seconds += time.perf_counter() - start
+
+    def close(self) -> list[EngineOutput]:
+        """Abort what is unfinished and let go of the device memory (KV pools, model) now;
+        the engine takes no request after this. Returns the last outputs (the aborts)."""
+        sched = self.scheduler
+        for rid in [r.request_id for r in sched.waiting] + list(sched.running):
+            sched.abort(rid)
+        out = self.loop.close()
+        self.closed = True
+        return out + sched.take_pending_outputs()
 
     def check_invariants(self) -> None:
         self.scheduler.check_invariants(self.loop.inflight)

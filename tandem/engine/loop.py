@@ -47,7 +47,8 @@ class Runner(Protocol):
 
     A plan with grammar-constrained rows launched without ``masks`` submits only its forward;
     ``complete`` adds the sampling once the masks are known (before any child launches).
-    ``reset`` drops every in-flight step and recreates the KV pool (after a failure)."""
+    ``reset`` drops every in-flight step and recreates the KV pool (after a failure);
+    ``close`` lets go of the pools and the model for good."""
 
     words: int  # int32 words of a grammar bitmask row
     # Whether ``host_thread=None`` may hand host work to the helper (a device apart from the
@@ -72,6 +73,8 @@ class Runner(Protocol):
     def finalize(self, handle: Any) -> StepResult: ...
 
     def reset(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -294,6 +297,16 @@ class OverlapLoop:
             self._recover(e)
         self.curr = self.pending = None
         return self._out + self.scheduler.take_pending_outputs()
+
+    def close(self) -> list[EngineOutput]:
+        """For good: finish what is in flight (its outputs), stop the helper thread, let go
+        of the runner's pools and model."""
+        out = self.drain()
+        if self._helper is not None:
+            self._helper.shutdown()
+            self._helper = None
+        self.runner.close()
+        return out
 
     def _launch(self, parent: InFlightStep | None, *, defer: bool = False) -> InFlightStep | None:
         launched = self.clock()

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import mlx.core as mx
@@ -213,6 +214,20 @@ class ModelRunner:
                 self.state_pool.reset()
         if self.draft is not None:
             self.draft.runner.reset()
+
+    def close(self) -> None:
+        """The engine is closed: let go of the pools, the compiled steps and the model now, so
+        their memory is free for what comes next (not when the collector finds the engine)."""
+        if self.pool is not None:
+            self.pool.release()
+        if self.state_pool is not None:
+            self.state_pool.release()
+        if self.draft is not None:
+            self.draft.runner.close()
+        self.pool = self.state_pool = self.static = self.draft = None
+        self.model, self.fused, self.selector = None, [], None
+        gc.collect()
+        mx.clear_cache()
 
     def _buffers(self) -> list[mx.array]:
         """Every pool buffer a step writes: evaluated with the step's outputs."""

@@ -85,15 +85,19 @@ class PagePool:
     def quantized(self, layer: int) -> bool:
         return quantizable(self.specs[layer], self.quant)
 
-    def reset(self) -> None:
-        """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
-        old buffers are released first, so the new ones fit where they were."""
+    def release(self) -> None:
+        """Let go of every buffer and every pending write made from them."""
         self.sets = []
         self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
         self._lag_slots = [None, None]
         self.tokens = [None] * len(self.specs)
         gc.collect()
         mx.clear_cache()
+
+    def reset(self) -> None:
+        """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
+        old buffers are released first, so the new ones fit where they were."""
+        self.release()
         for _ in range(self.num_sets):
             bufs = []
             for i, s in enumerate(self.specs):

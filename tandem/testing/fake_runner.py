@@ -89,6 +89,7 @@ class FakeRunner:
     words: int = words_for(VOCAB)
     completed_late: int = 0  # chained steps whose sampling waited for grammar masks
     resets: int = 0
+    closed: bool = False  # (then nothing may launch)
     # The "model": a sampled token from the row's seed and the history before it.
     token_fn: Callable[[int, Sequence[int]], int] = fake_token
     draft: FakeDraft | None = None  # runs the plans' draft queries (engine/drafting.py)
@@ -124,6 +125,7 @@ class FakeRunner:
             # No fresh step may launch while another is unfinalized.
             assert not self._unfinalized, "fresh launch with a step in flight"
         assert len(self._unfinalized) < 2, "more than two steps in flight"
+        assert not self.closed, "launched after close"
         if self.fault is not None:
             self.fault(plan, "launch")
         self.launched.append(plan)
@@ -217,6 +219,10 @@ class FakeRunner:
             drafted=handle.drafted,
             draft_failed=handle.draft_failed,
         )
+
+    def close(self) -> None:
+        assert not self._unfinalized, "closed with a step in flight"
+        self.closed = True
 
     def reset(self) -> None:
         """Like the real runner after a failure: in-flight steps and all KV are gone."""

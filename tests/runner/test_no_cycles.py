@@ -33,3 +33,31 @@ def test_steps_make_no_garbage_and_del_frees_the_engine(tiny_model_dir, arch, op
     finally:
         if enabled:
             gc.enable()
+
+
+def test_close_frees_the_engine_while_something_still_holds_it(tiny_model_dir) -> None:
+    """``close`` (and leaving ``with``) gives the pool and the model back even where a hook
+    or a frame still references the engine: the next engine in the process sizes its pool
+    from the memory left free."""
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    sp = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with LLM(str(tiny_model_dir("qwen3")), kv_budget_tokens=4096, host_thread=True) as llm:
+        runner = llm.engine.loop.runner
+        runner.launch = lambda *a, _real=runner.launch, **kw: _real(*a, **kw)  # a cycle
+        first = llm.generate([[5, 9, 2, 7]], sp)[0].token_ids
+        assert mx.get_active_memory() > base
+        pool, model = weakref.ref(runner.pool), weakref.ref(runner.model)
+        helper = llm.engine.loop._helper
+        assert helper is not None, "the forced host thread ran no step"
+    assert pool() is None and model() is None
+    assert mx.get_active_memory() == base
+    assert helper._shutdown
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate([[5, 9, 2, 7]], sp)
+    llm.close()  # (again: nothing left to let go of)
+    with LLM(str(tiny_model_dir("qwen3")), kv_budget_tokens=4096) as again:
+        assert again.generate([[5, 9, 2, 7]], sp)[0].token_ids == first

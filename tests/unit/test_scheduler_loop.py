@@ -508,3 +508,23 @@ def test_a_failure_in_the_helpers_update_fails_that_steps_requests():
     while engine.has_unfinished():
         out += [t for o in engine.step() for t in o.new_token_ids]
     assert (out, "length") == expected_tokens(0, [1, 2, 3], params[0])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_close_mid_run_aborts_everything_and_frees_the_runner(overlap):
+    """``Engine.close`` with steps in flight (one may be held back by the host thread): they are
+    finalized before the runner lets go of its memory, every unfinished request ends
+    "abort", and nothing is accepted after."""
+    engine, runner = make_engine(overlap, host_thread=True, max_num_seqs=4)
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    for i in range(6):  # (two wait for a sequence)
+        engine.add_request([5 + i, 9, 14] * (i + 1), sp, f"r{i}")
+    ended: dict[str, str] = {}
+    for _ in range(12):
+        ended.update((o.request_id, o.finish_reason) for o in engine.step() if o.finished)
+    assert not ended and engine.loop.inflight and engine.scheduler.waiting
+    ended.update((o.request_id, o.finish_reason) for o in engine.close() if o.finished)
+    assert ended == {f"r{i}": "abort" for i in range(6)}
+    assert runner.closed and not engine.has_unfinished()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.add_request([1, 2], sp)
