@@ -4,8 +4,10 @@ A request is admitted when a sequence slot is free (``max_num_seqs``) and the po
 pages for every token it already has (its prompt, plus its output if it was retracted) beyond
 its prefix-cache hit, while keeping a reserve for the next token of every running decode.
 Pages for later output tokens come one at a time as a request reaches them (the scheduler
-retracts when they run out). Admission is FIFO: the head of the queue blocks the rest. With
-recurrent layers a hit also hands the request the snapshot its state resumes from.
+retracts when they run out). Admission is FIFO: the head of the queue blocks the rest, except
+that a head which would evict cached pages lets mostly-cached requests just behind it go first
+(bounded: see ``_jump``). With recurrent layers a hit also hands the request the snapshot its
+state resumes from.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from tandem.engine.request import Request, RequestStatus
 # A request that shares this many more tokens with one admitted in the same step than the
 # cache holds waits one step: then the other's prompt is in flight and cached, and it hits.
 SHARED_PREFIX_WAIT = 256
+# Cache-aware admission (Admission._jump): how far behind a head that would evict cached pages
+# to look for mostly-cached requests that start first, and how often a head may be passed.
+JUMP_LOOKAHEAD = 16
+JUMP_LIMIT = 32
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -49,7 +55,8 @@ class Admission:
         """Pop the requests that start now from the head of ``waiting``; each comes back in
         PREFILL with its page table and ``num_computed`` at its cache hit. ``reserve`` pages
         (and ``window_reserve`` of the window group, whose cached pages a hit takes: each
-        running request's window room) stay for the running ones."""
+        running request's window room) stay for the running ones. A head that would evict
+        cached pages first lets mostly-cached requests just behind it start (``_jump``)."""
         kv = self.kv
         admitted: list[Request] = []
         self.blocked = False
@@ -57,58 +64,122 @@ class Admission:
             req = waiting[0]
             if self.prefix_cache and leader_prefilling(req):
                 break  # its prompt's KV is about to be in the cache
-            tokens = req.token_ids()
-            # Prompt log-probabilities need every prompt position computed: no reuse. The
-            # last known token is always computed (its logits give the next token).
-            reuse = self.prefix_cache and req.params.prompt_logprobs is None
-            hit = kv.match(tokens, len(tokens) - 1) if reuse else StateHit([], -1, 0)
-            cached = len(hit.pages) * kv.page_size
-            if reuse:
-                common, other = next(
-                    (
-                        (c, o)
-                        for o in admitted
-                        if (c := _common_prefix(tokens, o.token_ids()))
-                        >= cached + SHARED_PREFIX_WAIT
-                    ),
-                    (0, None),
-                )
-                if other is not None:
-                    if kv.snapshots is not None:  # keep the state where the two part
-                        other.snap_targets.add(common // kv.page_size * kv.page_size)
-                    kv.unmatch(hit)
-                    break
-            need = kv.pages_for(len(tokens)) - len(hit.pages)
-            # Window pages: the running requests' next ones, and this one's until it holds
-            # a steady window.
-            wfirst = max(
-                kv.window_need(req, cached + 1, have=len(hit.wpages)),
-                kv.window_commitment(req, hit.wpages),
-            )
-            if need + reserve > kv.available() or (window_reserve + wfirst > kv.window_available()):
+            found = self._match(req, admitted)
+            if found is None:
+                break  # it waits for another's prompt to be cached
+            hit, need = found
+            if not self._fits(req, hit, need, reserve, window_reserve):
                 kv.unmatch(hit)
                 self.blocked = True
                 break
-            try:  # before it leaves the queue
-                req.pages = hit.pages + kv.allocate(need)
-            except Exception:
-                kv.unmatch(hit)
-                raise
-            # The window group's pages come as positions are written (scheduler._chunk).
-            req.wpages = list(hit.wpages)
-            req.wfree = next((i for i, pg in enumerate(req.wpages) if pg >= 0), 0)
-            # A recurrent model resumes from the hit's state; where the cache matched more
-            # tokens than it has a state for, keep the state there this time.
-            req.state_src = hit.snapshot
-            if hit.matched > cached:
-                req.snap_targets.add(hit.matched)
+            slots = self.max_num_seqs - num_running - len(admitted) - 1
+            if need + reserve > kv.alloc.num_free and slots > 0:
+                jumped = self._jump(waiting, slots, admitted, reserve, window_reserve)
+                if jumped:
+                    kv.unmatch(hit)  # (held meanwhile: the others never evicted its pages)
+                    req.num_passed += len(jumped)
+                    admitted += jumped
+                    continue  # the head again, with what they left
+            self._start(req, hit, need)
             waiting.popleft()
-            if req.num_retractions == 0:
-                self.stats.queried_tokens += req.num_prompt_tokens
-                self.stats.hit_tokens += cached
-            if not req.cache_reported:  # what the client will be told: this admission's hit
-                req.num_cached_tokens = cached
-            req.num_computed = cached
-            req.status = RequestStatus.PREFILL
             admitted.append(req)
         return admitted
+
+    def _match(self, req: Request, admitted: list[Request]) -> tuple[StateHit, int] | None:
+        """``req``'s cache hit (referenced) and the fresh pages it needs; None (nothing
+        referenced) where it should wait one step for a request admitted now to cache the
+        long prefix they share."""
+        kv = self.kv
+        tokens = req.token_ids()
+        # Prompt log-probabilities need every prompt position computed: no reuse. The last
+        # known token is always computed (its logits give the next token).
+        reuse = self.prefix_cache and req.params.prompt_logprobs is None
+        hit = kv.match(tokens, len(tokens) - 1) if reuse else StateHit([], -1, 0)
+        cached = len(hit.pages) * kv.page_size
+        if reuse:
+            common, other = next(
+                (
+                    (c, o)
+                    for o in admitted
+                    if (c := _common_prefix(tokens, o.token_ids())) >= cached + SHARED_PREFIX_WAIT
+                ),
+                (0, None),
+            )
+            if other is not None:
+                if kv.snapshots is not None:  # keep the state where the two part
+                    other.snap_targets.add(common // kv.page_size * kv.page_size)
+                kv.unmatch(hit)
+                return None
+        return hit, kv.pages_for(len(tokens)) - len(hit.pages)
+
+    def _fits(
+        self, req: Request, hit: StateHit, need: int, reserve: int, window_reserve: int
+    ) -> bool:
+        kv = self.kv
+        # Window pages: the running requests' next ones, and this one's until it holds a
+        # steady window.
+        cached = len(hit.pages) * kv.page_size
+        wfirst = max(
+            kv.window_need(req, cached + 1, have=len(hit.wpages)),
+            kv.window_commitment(req, hit.wpages),
+        )
+        return need + reserve <= kv.available() and window_reserve + wfirst <= kv.window_available()
+
+    def _jump(
+        self,
+        waiting: deque[Request],
+        slots: int,
+        admitted: list[Request],
+        reserve: int,
+        window_reserve: int,
+    ) -> list[Request]:
+        """The head of ``waiting`` would evict cached pages to start. Requests just behind it
+        whose prompts are mostly cached (no more fresh pages than hit ones) start first: the
+        LRU pages the head evicts would often be their hits (four 16k prompts cached in a pool
+        that holds three: each admission evicted the next one's prefix, and every prompt was
+        computed again), and they cost little. A head is passed over at most ``JUMP_LIMIT``
+        times, then the queue is strictly FIFO again."""
+        if not self.prefix_cache or waiting[0].num_passed >= JUMP_LIMIT:
+            return []
+        jumped: list[Request] = []
+        for req in list(waiting)[1 : 1 + min(slots, JUMP_LOOKAHEAD)]:
+            if req.follows is not None or req.params.prompt_logprobs is not None:
+                continue
+            found = self._match(req, admitted + jumped)
+            if found is None:
+                continue
+            hit, need = found
+            if need > len(hit.pages) or not self._fits(req, hit, need, reserve, window_reserve):
+                self.kv.unmatch(hit)
+                continue
+            self._start(req, hit, need)
+            waiting.remove(req)
+            jumped.append(req)
+            if len(jumped) + waiting[0].num_passed >= JUMP_LIMIT:
+                break
+        return jumped
+
+    def _start(self, req: Request, hit: StateHit, need: int) -> None:
+        """Admit ``req`` (still in the queue) with its hit and ``need`` fresh pages."""
+        kv = self.kv
+        try:  # before it leaves the queue
+            req.pages = hit.pages + kv.allocate(need)
+        except Exception:
+            kv.unmatch(hit)
+            raise
+        cached = len(hit.pages) * kv.page_size
+        # The window group's pages come as positions are written (scheduler._chunk).
+        req.wpages = list(hit.wpages)
+        req.wfree = next((i for i, pg in enumerate(req.wpages) if pg >= 0), 0)
+        # A recurrent model resumes from the hit's state; where the cache matched more tokens
+        # than it has a state for, keep the state there this time.
+        req.state_src = hit.snapshot
+        if hit.matched > cached:
+            req.snap_targets.add(hit.matched)
+        if req.num_retractions == 0:
+            self.stats.queried_tokens += req.num_prompt_tokens
+            self.stats.hit_tokens += cached
+        if not req.cache_reported:  # what the client will be told: this admission's hit
+            req.num_cached_tokens = cached
+        req.num_computed = cached
+        req.status = RequestStatus.PREFILL

@@ -55,6 +55,7 @@ class Request:
     num_cached_tokens: int = 0
     cache_reported: bool = False
     admit_order: int = 0  # later admissions are retracted first
+    num_passed: int = 0  # queued requests admitted before it while it was the head
     num_retractions: int = 0
     # Another sample of the same prompt (n > 1): admitted once that request's prompt is
     # launched, so its prefill comes from the prefix cache instead of being recomputed.
