@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             runner.max_window,
         )
         vocab = runner.vocab_size
-        del probe
+        probe.close()
         if not window:
             raise SystemExit(f"{path}: no sliding-window layer")
         total = args.prompt_len + args.output_len
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             row = run(llm, prompts, args.output_len)
             result["runs"][name] = row
             print(name, json.dumps(row), flush=True)
-            del llm
+            llm.close()
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

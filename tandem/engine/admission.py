@@ -74,7 +74,11 @@ class Admission:
                 break
             slots = self.max_num_seqs - num_running - len(admitted) - 1
             if need + reserve > kv.alloc.num_free and slots > 0:
-                jumped = self._jump(waiting, slots, admitted, reserve, window_reserve)
+                try:
+                    jumped = self._jump(waiting, slots, admitted, reserve, window_reserve)
+                except Exception:
+                    kv.unmatch(hit)
+                    raise
                 if jumped:
                     kv.unmatch(hit)  # (held meanwhile: the others never evicted its pages)
                     req.num_passed += len(jumped)
@@ -85,10 +89,13 @@ class Admission:
             admitted.append(req)
         return admitted
 
-    def _match(self, req: Request, admitted: list[Request]) -> tuple[StateHit, int] | None:
+    def _match(
+        self, req: Request, admitted: list[Request], *, head: bool = True
+    ) -> tuple[StateHit, int] | None:
         """``req``'s cache hit (referenced) and the fresh pages it needs; None (nothing
         referenced) where it should wait one step for a request admitted now to cache the
-        long prefix they share."""
+        long prefix they share (then, for the queue's ``head``, with recurrent layers the
+        other keeps its state where the two part)."""
         kv = self.kv
         tokens = req.token_ids()
         # Prompt log-probabilities need every prompt position computed: no reuse. The last
@@ -106,7 +113,7 @@ class Admission:
                 (0, None),
             )
             if other is not None:
-                if kv.snapshots is not None:  # keep the state where the two part
+                if head and kv.snapshots is not None:  # keep the state where the two part
                     other.snap_targets.add(common // kv.page_size * kv.page_size)
                 kv.unmatch(hit)
                 return None
@@ -138,14 +145,16 @@ class Admission:
         LRU pages the head evicts would often be their hits (four 16k prompts cached in a pool
         that holds three: each admission evicted the next one's prefix, and every prompt was
         computed again), and they cost little. A head is passed over at most ``JUMP_LIMIT``
-        times, then the queue is strictly FIFO again."""
+        times in its life (retractions included), then the queue is strictly FIFO again.
+        Looking a request up marks its cached pages used, also where it does not start: the
+        head's evictions then take others first (the protection is the point)."""
         if not self.prefix_cache or waiting[0].num_passed >= JUMP_LIMIT:
             return []
         jumped: list[Request] = []
         for req in list(waiting)[1 : 1 + min(slots, JUMP_LOOKAHEAD)]:
             if req.follows is not None or req.params.prompt_logprobs is not None:
                 continue
-            found = self._match(req, admitted + jumped)
+            found = self._match(req, admitted + jumped, head=False)
             if found is None:
                 continue
             hit, need = found

@@ -114,6 +114,8 @@ class Engine:
         return self.scheduler.has_work() or bool(self.loop.inflight)
 
     def step(self) -> list[EngineOutput]:
+        if self.closed:
+            raise RuntimeError("the engine is closed")
         start = time.perf_counter()
         try:
             return self.loop.step()

@@ -49,6 +49,8 @@ def test_close_frees_the_engine_while_something_still_holds_it(tiny_model_dir) -
         runner = llm.engine.loop.runner
         runner.launch = lambda *a, _real=runner.launch, **kw: _real(*a, **kw)  # a cycle
         first = llm.generate([[5, 9, 2, 7]], sp)[0].token_ids
+        stream = llm.stream([5, 9, 2, 7], sp)
+        next(stream)  # (a stream left open across the close: it ends with an error)
         assert mx.get_active_memory() > base
         pool, model = weakref.ref(runner.pool), weakref.ref(runner.model)
         helper = llm.engine.loop._helper
@@ -58,6 +60,8 @@ def test_close_frees_the_engine_while_something_still_holds_it(tiny_model_dir) -
     assert helper._shutdown
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate([[5, 9, 2, 7]], sp)
+    with pytest.raises(RuntimeError, match="closed"):
+        next(stream)
     llm.close()  # (again: nothing left to let go of)
     with LLM(str(tiny_model_dir("qwen3")), kv_budget_tokens=4096) as again:
         assert again.generate([[5, 9, 2, 7]], sp)[0].token_ids == first

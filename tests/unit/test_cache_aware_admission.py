@@ -4,15 +4,18 @@ The real scheduler and loop on the fake runner (no MLX)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tandem.engine import admission
 from tandem.engine.engine import Engine
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.sampling_params import SamplingParams
-from tandem.testing.fake_runner import FakeRunner, fake_token
+from tandem.testing.fake_runner import FakeRecurrentRunner, FakeRunner, fake_token
 
 LONG = 400  # prompt tokens (25 pages of 16)
+EOS = 999
 
 
 def make(overlap: bool, pages: int, **cfg) -> tuple[Engine, FakeRunner, list[int]]:
@@ -120,3 +123,120 @@ def test_a_head_is_passed_over_a_bounded_number_of_times(monkeypatch):
     before = started[: started.index("head")]
     assert len(before) == 3, started
     assert all(r.startswith("hit") for r in before)
+
+
+def _fuzz(seed: int, overlap: bool, kind: str) -> int:
+    """Squeezed pools, prompts sharing a few prefixes, n > 1 followers, aborts, stop tokens;
+    every token exact, the invariants after every step, nothing left held. Returns the jumps."""
+    rng = random.Random(seed)
+    page, pages = 4, rng.randint(20, 60)
+    seqs = rng.randint(2, 8)
+    cfg: dict = {
+        "max_num_seqs": seqs,
+        "max_model_len": pages * page,
+        "page_size": page,
+        "kv_budget_tokens": pages * page,
+        "max_num_batched_tokens": rng.choice([16, 32, 64, 256]),
+    }
+    if kind == "recurrent":
+        cfg.update(state_slots=seqs, state_snapshots=rng.randint(2, 10))
+        runner: FakeRunner = FakeRecurrentRunner(pages, page)
+    elif kind == "window":
+        wpages = rng.randint(6, 20)
+        cfg.update(window=10, window_pages=wpages)
+        runner = FakeRunner(pages, page, window=10, window_pages=wpages)
+    else:
+        runner = FakeRunner(pages, page)
+    engine = Engine(
+        runner,
+        SchedulerConfig(**cfg),
+        eos_token_ids=[EOS],
+        overlap=overlap,
+        check_invariants=True,
+        host_thread=overlap and seed % 2 == 0,
+    )
+    jumps = [0]
+    real = engine.scheduler.admission._jump
+
+    def jump(waiting, *a):
+        out = real(waiting, *a)
+        jumps[0] += len(out)
+        assert waiting[0].num_passed + len(out) <= admission.JUMP_LIMIT
+        return out
+
+    engine.scheduler.admission._jump = jump  # type: ignore[method-assign]
+    longest = pages * page // 2
+    bases = [[rng.randrange(900) for _ in range(rng.randint(page, longest))] for _ in range(4)]
+    specs: list[tuple[int, str, list[int], SamplingParams, int | None, str | None]] = []
+    for i, at in enumerate(sorted(rng.randrange(0, 150) for _ in range(80))):
+        if rng.random() < 0.6:
+            base = rng.choice(bases)
+            prompt = base[: max(1, len(base) - rng.randint(0, 3))]
+            prompt += [rng.randrange(900) for _ in range(rng.randint(0, 3))]
+        else:
+            prompt = [rng.randrange(900) for _ in range(rng.randint(1, longest))]
+        most = max(1, min(20, pages * page - len(prompt) - 1))
+        stops = tuple(rng.sample(range(1000), 20)) if rng.random() < 0.2 else ()
+        params = SamplingParams(
+            max_tokens=rng.randint(1, most),
+            seed=i,
+            ignore_eos=rng.random() < 0.5,
+            stop_token_ids=stops,
+        )
+        abort_at = at + rng.randint(0, 20) if rng.random() < 0.1 else None
+        follows = None
+        if specs and rng.random() < 0.15:  # n > 1: the previous request's prompt, same step
+            at, follows, prompt = specs[-1][0], specs[-1][1], specs[-1][2]
+            prev = specs[-1][3]
+            params = SamplingParams(
+                max_tokens=prev.max_tokens,
+                seed=i,
+                ignore_eos=prev.ignore_eos,
+                stop_token_ids=prev.stop_token_ids,
+            )
+        specs.append((at, f"r{i}", prompt, params, abort_at, follows))
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    aborted: set[str] = set()
+    step = 0
+    while step < 200 or engine.has_unfinished():
+        for at, rid, prompt, params, _, follows in specs:
+            if at == step:
+                live = follows is not None and follows in tokens and follows not in reasons
+                engine.add_request(prompt, params, rid, follows=follows if live else None)
+                tokens[rid] = []
+        for _, rid, _, _, abort_at, _ in specs:
+            if abort_at == step and rid in tokens and rid not in reasons and engine.abort(rid):
+                aborted.add(rid)
+        for out in engine.step():
+            assert out.finish_reason != "error", out.error
+            tokens[out.request_id] += out.new_token_ids
+            if out.finish_reason:
+                reasons[out.request_id] = out.finish_reason
+        step += 1
+        assert step < 20000, "no progress"
+    for _, rid, prompt, params, _, _ in specs:
+        want, why = expected_run(int(rid[1:]), prompt, params)
+        if rid in aborted:
+            assert reasons[rid] == "abort" and tokens[rid] == want[: len(tokens[rid])]
+        else:
+            assert (tokens[rid], reasons[rid]) == (want, why), (rid, seed, kind)
+    sched = engine.scheduler
+    assert not sched.running and not sched.waiting and sched.kv.num_held == 0
+    return jumps[0]
+
+
+def expected_run(seed: int, prompt: list[int], params: SamplingParams) -> tuple[list[int], str]:
+    seq, out = list(prompt), []
+    for _ in range(params.max_tokens):
+        out.append(fake_token(seed, seq))
+        seq.append(out[-1])
+        if out[-1] in params.stop_token_ids or (out[-1] == EOS and not params.ignore_eos):
+            return out, "stop"
+    return out, "length"
+
+
+@pytest.mark.parametrize("kind", ["plain", "recurrent", "window"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_jumps_in_random_schedules_keep_tokens_exact(kind, overlap):
+    assert sum(_fuzz(seed, overlap, kind) for seed in range(4)) > 0
