@@ -132,9 +132,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument(
         "--host-thread",
         choices=("auto", "on", "off"),
-        default="auto",
+        default="off",
         help="plan and apply results on a helper thread beside each submission (auto: on a "
-        "GPU while the host sets the pace; engine/loop.py)",
+        "GPU while the host sets the pace; engine/loop.py; off by default: measured no gain)",
     )
     p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)

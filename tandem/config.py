@@ -17,9 +17,10 @@ class EngineConfig:
     # Apply a step's results and plan the next beside the submission, on a helper thread
     # (engine/loop.py; None: while the host sets the pace, i.e. finalizes find their step
     # done, on a device apart from the host (a GPU, not the CPU backend); True: whenever a
-    # step allows it; False: never). Plans and tokens are unchanged; a request arriving then
-    # joins one step later.
-    host_thread: bool | None = None
+    # step allows it; False: never, the default: on the H100 it gained nothing, see
+    # docs/design.md). Plans and tokens are unchanged; a request arriving then joins one
+    # step later.
+    host_thread: bool | None = False
     dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length

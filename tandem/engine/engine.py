@@ -30,7 +30,7 @@ class Engine:
         *,
         eos_token_ids: Iterable[int] = (),
         overlap: bool = True,
-        host_thread: bool | None = None,
+        host_thread: bool | None = False,
         check_invariants: bool = False,
         seed: int | None = None,
         vocab_size: int | None = None,

@@ -112,7 +112,7 @@ class OverlapLoop:
         overlap: bool = True,
         check_invariants: bool = False,
         clock: Callable[[], float] = time.perf_counter,
-        host_thread: bool | None = None,
+        host_thread: bool | None = False,
     ) -> None:
         """``host_thread``: apply results and plan beside the submission (module docstring):
         None when the host sets the pace and the runner's device is apart from the host
