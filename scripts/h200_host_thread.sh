@@ -1,8 +1,9 @@
 #!/bin/bash
 # The loop's host work beside the submission (engine/loop.py, ``host_thread``) on the GPU:
 # steady decode steps at B = 256 on the Qwen3-0.6B shape with it off and forced on,
-# uncompiled and compiled, then the B = 256 end-to-end run (ramp and decode) with it off and
-# automatic, and a single stream (where automatic should leave it off). JSON under $OUT.
+# uncompiled and compiled, then the B = 256 end-to-end run (ramp and decode) with it off,
+# automatic and forced on, and a single stream with it automatic (which should leave it off;
+# the default is off since 2026-12-07). JSON under $OUT.
 #
 # Device call 1 (carry .gpu/a):  mkdir -p /tmp/gpu && cp .gpu/a/* /tmp/gpu/
 # Device call 2 (carry .gpu/b):
@@ -29,7 +30,7 @@ if [[ $PARTS == *profile* ]]; then
   done
 fi
 if [[ $PARTS == *ramp* ]]; then
-  for ht in false null; do
+  for ht in false null true; do
     echo "== ramp, host_thread=$ht"
     timeout 150 "$PY" -m tandem.bench.ramp --shape "$SHAPE" --batch "$BATCH" --budgets 2048 \
       --engine-options "{\"host_thread\": $ht}" --json "$OUT/ramp-$ht.json" 2>&1 | quiet | tail -3
@@ -38,7 +39,8 @@ fi
 if [[ $PARTS == *single* ]]; then
   echo "== single stream, host_thread automatic"
   timeout 100 "$PY" -m tandem.bench.step_profile --shape "$SHAPE" --dtype bfloat16 --batch 1 \
-    --input-len 256 --steps 128 --json "$OUT/profile-b1.json" 2>&1 | quiet | grep "B="
+    --input-len 256 --steps 128 --engine-options '{"host_thread": null}' \
+    --json "$OUT/profile-b1.json" 2>&1 | quiet | grep "B="
 fi
 if [[ $PARTS == *long* ]]; then
   echo "== 8B, 4 x 16k after a prefix hit, overlap off then on in one process (the whole log)"

@@ -69,3 +69,20 @@ def test_served_model_name_defaults():
     )
     assert default_served_name("/m/qwen.gguf", Path("/m/qwen.gguf")) == "qwen"
     assert default_served_name("/m/dir", Path("/m/dir")) == "dir"
+
+
+def test_host_thread_is_off_unless_asked():
+    """The loop's helper thread measured no end-to-end gain on the H100 (docs/design.md):
+    off by default in the offline API, the engine and `tandem serve`; auto and on parse."""
+    from tandem.cli import _engine_config, build_parser
+    from tandem.config import EngineConfig
+    from tandem.engine.engine import Engine
+    from tandem.engine.loop import OverlapLoop
+
+    assert EngineConfig().host_thread is False
+    assert OverlapLoop.__init__.__kwdefaults__["host_thread"] is False
+    assert Engine.__init__.__kwdefaults__["host_thread"] is False
+    parse = build_parser().parse_args
+    assert _engine_config(parse(["serve"])).host_thread is False
+    assert _engine_config(parse(["serve", "--host-thread", "auto"])).host_thread is None
+    assert _engine_config(parse(["serve", "--host-thread", "on"])).host_thread is True

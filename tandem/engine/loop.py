@@ -15,15 +15,16 @@ Where the chain breaks — the one place these rules live:
 There is no host-side logits processor, and pages are freed only after every step that lists
 them is finalized (late release), so no slot is reused under an in-flight step.
 
-When the host sets the pace (a steady step's finalize finds its step already done: large
-batches on a GPU), the loop reorders the same phases so the host's Python runs beside the
-submission, which releases the GIL (measured on the H100: another thread runs at 0.95-0.99 of
-its own rate during ``mx.async_eval``). Step N+1 is built but held back; N is finalized first
-(nothing else touches MLX then), then N+1 is submitted on this thread while a helper thread
-applies N's results and plans N+2 (pure Python: the scheduler never imports MLX). N+2 is
-built once both are done. The plans, their order and every token are the ones the plain order
-gives; a request that arrives between steps joins one step later. (docs/design.md, "Host work
-beside the submission"; the policy is at HOST_BOUND_WAIT below.)
+Opt-in (``host_thread``, off by default: on the H100 it gave no end-to-end gain, see
+docs/design.md): when the host sets the pace (a steady step's finalize finds its step already
+done: large batches on a GPU), the loop reorders the same phases so the host's Python runs
+beside the submission, which releases the GIL (measured on the H100: another thread runs at
+0.95-0.99 of its own rate during ``mx.async_eval``). Step N+1 is built but held back; N is
+finalized first (nothing else touches MLX then), then N+1 is submitted on this thread while a
+helper thread applies N's results and plans N+2 (pure Python: the scheduler never imports
+MLX). N+2 is built once both are done. The plans, their order and every token are the ones
+the plain order gives; a request that arrives between steps joins one step later.
+(docs/design.md, "Host work beside the submission"; the policy is at HOST_BOUND_WAIT below.)
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ class InFlightStep:
 # at 8 rows, 0.11 ms of it, the thread made a step 1.2-1.4x slower). It turns back when a
 # finalize waits longer than the host work the thread hides (the device sets the pace again)
 # or the work shrinks, and then needs HOST_BACKOFF_STEPS + HOST_BOUND_STEPS more such steps
-# before it tries again. Only where the runner's ``host_thread_auto`` says the device is
-# apart from the host.
+# before it tries again. Only with ``host_thread=None`` (automatic; the default is off) and
+# where the runner's ``host_thread_auto`` says the device is apart from the host.
 HOST_BOUND_WAIT = 2.5e-4
 HOST_BOUND_STEPS = 4
 HOST_WORK_MIN = 5e-4
