@@ -221,12 +221,15 @@ class Scheduler:
                 for r in self.running.values()
                 if not r.finished
             )
-        for req in self.admission.admit(
+        admitted = self.admission.admit(
             self.waiting, len(self.running), need, self._leader_prefilling, wreserve
-        ):
-            self._waiting_ids.discard(req.request_id)
+        )
+        # (Later admissions are retracted first; a head others passed counts as before them.)
+        for req in sorted(admitted, key=lambda r: r.num_passed == 0):
             self._admitted += 1
             req.admit_order = self._admitted
+        for req in admitted:
+            self._waiting_ids.discard(req.request_id)
             if self.state_slots is not None:
                 req.state_slot = self.state_slots.allocate()
             self.running[req.request_id] = req

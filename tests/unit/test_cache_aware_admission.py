@@ -114,15 +114,19 @@ def test_a_head_is_passed_over_a_bounded_number_of_times(monkeypatch):
     for i, p in enumerate(cached):
         engine.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True), f"hit{i}")
     started: list[str] = []
+    order: dict[str, int] = {}
     while engine.has_unfinished():
         engine.step()
-        for rid in sched.running:
+        for rid, req in sched.running.items():
             if rid not in started:
                 started.append(rid)
+                order[rid] = req.admit_order
     assert "head" in started
     before = started[: started.index("head")]
     assert len(before) == 3, started
     assert all(r.startswith("hit") for r in before)
+    # Retraction takes the latest admitted first: the head counts as admitted before them.
+    assert all(order["head"] < order[r] for r in before)
 
 
 def _fuzz(seed: int, overlap: bool, kind: str) -> int:
