@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 
 from tandem.engine.kv_manager import KVManager
 from tandem.engine.prefix_cache import StateHit
@@ -151,7 +152,7 @@ class Admission:
         if not self.prefix_cache or waiting[0].num_passed >= JUMP_LIMIT:
             return []
         jumped: list[Request] = []
-        for req in list(waiting)[1 : 1 + min(slots, JUMP_LOOKAHEAD)]:
+        for req in list(islice(waiting, 1, 1 + min(slots, JUMP_LOOKAHEAD))):
             if req.follows is not None or req.params.prompt_logprobs is not None:
                 continue
             found = self._match(req, admitted + jumped, head=False)

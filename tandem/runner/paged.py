@@ -86,18 +86,19 @@ class PagePool:
         return quantizable(self.specs[layer], self.quant)
 
     def release(self) -> None:
-        """Let go of every buffer and every pending write made from them."""
+        """Let go of every buffer and every pending write made from them (the caller collects
+        and clears MLX's cache)."""
         self.sets = []
         self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
         self._lag_slots = [None, None]
         self.tokens = [None] * len(self.specs)
-        gc.collect()
-        mx.clear_cache()
 
     def reset(self) -> None:
         """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
         old buffers are released first, so the new ones fit where they were."""
         self.release()
+        gc.collect()
+        mx.clear_cache()
         for _ in range(self.num_sets):
             bufs = []
             for i, s in enumerate(self.specs):
