@@ -30,7 +30,6 @@ def _tandem(
 ) -> dict:
     from tandem import LLM, SamplingParams
     from tandem.bench import sides
-    from tandem.bench.ceiling import free
 
     llm = LLM(str(path), max_num_seqs=max(b, 8), max_num_batched_tokens=budget, **opts)
     loop = llm.engine.loop
@@ -68,10 +67,8 @@ def _tandem(
         total = time.perf_counter() - t
     finally:
         del loop.runner.launch, loop.step  # (the instances' hooks: their own methods again)
-        # Nothing may keep the engine past here: the next run's pool is sized from the
-        # memory left free.
-        llm = loop = real_launch = real_step = None  # (the hooks' closures read these)
-        free()
+        # The next run's pool is sized from the memory left free.
+        llm.close()
     assert sum(len(o.token_ids) for o in outs) == b * out_len
     ramp = [s for s in steps if s["prefill_tokens"]]
     dec = [s for s in steps if not s["prefill_tokens"]]
