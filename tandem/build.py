@@ -60,6 +60,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         inplace_writes=config.kv_inplace_writes,
         compile_decode=config.compile_decode,
         fuse_projections=config.fuse_projections,
+        head_major=config.kv_head_major,
     )
     native_len = int(model_config.get("max_position_embeddings") or 4096)
     max_model_len = min(config.max_model_len or native_len, native_len)
@@ -313,6 +314,7 @@ def _draft_runner(config: EngineConfig, tokenizer: Tokenizer, max_model_len: int
         # compiled where the target's would be (runner/static_decode.py).
         compile_decode=config.compile_decode,
         fuse_projections=config.fuse_projections,
+        head_major=config.kv_head_major,
     )
     if runner.recurrent:
         raise ValueError(

@@ -42,6 +42,10 @@ class EngineConfig:
     # KV writes by a kernel into the one buffer set (None: where the kernels exist and pass
     # their check, i.e. MLX's CUDA backend without the double buffer; False: MLX scatters).
     kv_inplace_writes: bool | None = None
+    # Float pages laid out head by head, (pages, 2 Hkv, page, D), so the gather path reads
+    # whole runs of a page (runner/paged.py; None: where no decode kernel reads the pages and
+    # no kernel writes them in place, i.e. the CPU; False: position by position).
+    kv_head_major: bool | None = None
     # Steady decode steps (single-token rows only) of at most this many rows replay an
     # mx.compile trace of the model instead of building its graph in Python
     # (runner/static_decode.py; 0: off, True: any number; None: 8 where KV writes are in

@@ -111,7 +111,9 @@ def gather_attention(
                 )
             )
             continue
-        if float_pool:  # (B, Hkv, L, D) each
+        if float_pool and pool.ndim == 4:  # head-major: whole pages, (B, Hkv, L, D) each
+            k, v = kv_quant.take_head_pages(pool, g.page_rows(hkv), 0, g.longest)
+        elif float_pool:  # (B, Hkv, L, D) each
             k, v = kv_quant.take_heads(pool, g.head_rows(hkv), token)
         else:
             x = kv_quant.take_pages(pool, g.tables, g.page, g.longest, token)  # (B, L, 2 Hkv, D)
@@ -133,6 +135,8 @@ def gather_attention(
                 values[c.first : c.first + c.n, :, 0, :],
             )
             k, v = mx.contiguous(k.transpose(1, 0, 2)), mx.contiguous(v.transpose(1, 0, 2))
+        elif float_pool and pool.ndim == 4:  # (Hkv, L, D) each
+            k, v = kv_quant.take_head_pages(pool, c.page_rows(hkv), c.skip, c.slots.shape[0])
         elif float_pool:  # (Hkv, L, D) each
             k, v = kv_quant.take_heads(pool, c.head_rows(hkv), token)
         else:

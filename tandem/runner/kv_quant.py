@@ -98,6 +98,12 @@ class QuantizedPages:
 Buffer = mx.array | QuantizedPages
 
 
+def entry_shape(buf: mx.array) -> tuple[int, ...]:
+    """One position's entry in a float pool: (2 Hkv, D) also in a head-major one (pages,
+    2 Hkv, page, D)."""
+    return (buf.shape[1], buf.shape[3]) if buf.ndim == 4 else tuple(buf.shape[1:])
+
+
 def parts(buf: Buffer) -> list[mx.array]:
     return buf.parts() if isinstance(buf, QuantizedPages) else [buf]
 
@@ -166,8 +172,27 @@ def take_heads(
     one gather straight into the (..., Hkv, L, D) layout SDPA reads. On MLX's CPU, gathering
     whole positions and then copying each half's transpose contiguous made a layer's gather
     and SDPA 1.37x slower (SmolLM2's shape, 64 rows of 256 keys; scripts/cpu_gather_probe.py)."""
-    x = _rows(buf.reshape(-1, buf.shape[-1]), rows, token)
-    return x[0], x[1]
+    return _halves(_rows(buf.reshape(-1, buf.shape[-1]), rows, token))
+
+
+def _halves(x: mx.array) -> tuple[mx.array, mx.array]:
+    """``x[0]`` and ``x[1]`` as views (an integer index is a gather in MLX: a copy)."""
+    return x[:1].squeeze(0), x[1:].squeeze(0)
+
+
+def take_head_pages(buf: mx.array, rows: mx.array, skip: int, n: int) -> tuple[mx.array, mx.array]:
+    """Keys and values of a head-major float pool (pages, 2 Hkv, page, D) through page
+    ``rows`` (``head_rows`` of page tables: (2, ..., Hkv, pages)): positions ``[skip, skip +
+    n)`` of the gathered pages, (..., Hkv, n, D) each. Each head's page is one contiguous
+    run, so a gather moves whole runs of page x D entries, not one of D per position and
+    head as ``take_heads`` does: on MLX's CPU a gather + SDPA 1.1-2x faster (SmolLM2's
+    shape 1.6x; docs/benchmarks.md), the outputs bitwise the same."""
+    _, _, page, d = buf.shape
+    x = buf.reshape(-1, page * d)[rows]
+    x = x.reshape(*x.shape[:-2], -1, d)
+    if skip or x.shape[-2] != n:
+        x = x[..., skip : skip + n, :]
+    return _halves(x)
 
 
 def roundtrip(buf: Buffer, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:

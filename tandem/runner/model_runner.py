@@ -62,6 +62,7 @@ class ModelRunner:
         inplace_writes: bool | None = None,
         compile_decode: int | None = 0,
         fuse_projections: int = 0,
+        head_major: bool | None = None,
     ) -> None:
         """``double_buffer``: two KV buffer sets so a step never writes what the step still in
         flight reads (runner/paged.py); None: with overlap on the CPU backend (measured).
@@ -70,7 +71,8 @@ class ModelRunner:
         None: where the kernels exist and pass their check: CUDA, one set). ``compile_decode``:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
         (runner/static_decode.py; None: ``static_decode.default_rows``).
-        ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj)."""
+        ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj).
+        ``head_major``: float pages head by head (runner/paged.py; None: with no kernels)."""
         layout = layers.declared_layout(model, model_type)  # (raises for kinds not served)
         self.model = model
         self.model_type = model_type
@@ -99,6 +101,7 @@ class ModelRunner:
         self.host_thread_auto = mx.default_device() != mx.cpu
         self.decode_kernel = decode_kernel  # None: decided with the pool (the CPU gathers)
         self.inplace_writes = inplace_writes
+        self.head_major = head_major
         rows = 1 << 30 if compile_decode is True else compile_decode  # (None: allocate_kv)
         self.compile_decode = None if rows is None else int(rows)
         self.static: StaticDecode | None = None
@@ -164,6 +167,8 @@ class ModelRunner:
         recurrent states for that many sequences (the scheduler's ``max_num_seqs``);
         ``window_pages``: the sliding-window layers' own page group (0: none)."""
         with mx.stream(self.stream):
+            if self.decode_kernel is not False:
+                self.decode_kernel = kernel_check.usable(self.specs, self.num_heads, self.kv_quant)
             self.pool = PagePool(
                 self.specs,
                 num_pages,
@@ -172,11 +177,11 @@ class ModelRunner:
                 quant=self.kv_quant,
                 inplace=self._inplace(),
                 window_pages=window_pages,
+                # (not where the kernel reads them: the pool drops it with in-place writes)
+                head_major=self.head_major is not False and not self.decode_kernel,
             )
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, state_slots, self.inplace_writes)
-            if self.decode_kernel is not False:
-                self.decode_kernel = kernel_check.usable(self.specs, self.num_heads, self.kv_quant)
             if self.dense:
                 self.mask_rank = verify.dense_mask_rank(self)
             if self.verify:  # uncompiled: a trace would keep its scratch pool

@@ -49,13 +49,19 @@ class PagePool:
         quant: KVQuant | None = None,
         inplace: bool = False,
         window_pages: int = 0,
+        head_major: bool = False,
     ) -> None:
+        """``head_major``: float pages of attention layers laid out (pages, 2 Hkv, page, D),
+        each head's page one run (read by ``kv_quant.take_head_pages``); else (slots, 2 Hkv,
+        D), position by position, as the decode kernel and the in-place writes take it."""
         self.specs = specs
         # Sliding-window layers in a page group of their own (engine/kv_manager.py), with
         # ``window_pages`` pages (0: none, every layer has ``num_pages``).
         self.window_pages = window_pages
         self.group = [int(bool(window_pages) and s.window is not None) for s in specs]
         self.inplace = inplace and not double_buffer
+        self.head_major = head_major and not self.inplace
+        self._split: tuple[mx.array, mx.array, mx.array] | None = None  # slots: pages, offsets
         # In place: each layer's latest write token, which its reads wait on; it depends on
         # every earlier write of the layer (a chain, evaluated with each submission). A
         # compiled step (runner/static_decode.py) takes them and hands back its own.
@@ -92,6 +98,7 @@ class PagePool:
         self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
         self._lag_slots = [None, None]
         self.tokens = [None] * len(self.specs)
+        self._split = None
 
     def reset(self) -> None:
         """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
@@ -111,6 +118,8 @@ class PagePool:
                 if self.quantized(i):
                     assert self.quant is not None
                     buf = QuantizedPages(rows, entry, s.dtype, self.quant)
+                elif self.head_major and not (s.unused or s.dense):
+                    buf = mx.zeros((pages + 1, entry[0], self.page_size, entry[1]), s.dtype)
                 else:
                     buf = mx.zeros((rows, *entry), dtype=s.dtype)
                 mx.eval(*kv_quant.parts(buf))
@@ -220,6 +229,11 @@ class PagePool:
                 old = self._missed(g, layer)
                 encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
                 at = lag[0]  # (the previous step's slots and this step's)
+        if isinstance(buf, mx.array) and buf.ndim == 4:  # head-major: (page, all heads, offset)
+            if self._split is None or self._split[0] is not at:  # (once a step, all layers)
+                self._split = (at, at // self.page_size, at % self.page_size)
+            buf[self._split[1], :, self._split[2]] = encoded[0]
+            return
         for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
             part[at] = e
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
+from tandem.runner import kv_quant
 from tandem.runner.step_context import (
     AttnView,
     DenseView,
@@ -34,11 +35,18 @@ class StaticGroup:
         self.longest = tables.shape[1] * page
         self._mask: mx.array | None = None
         self._rows: dict[int, mx.array] = {}
+        self._pages: dict[int, mx.array] = {}
 
     def head_rows(self, hkv: int) -> mx.array:
         if hkv not in self._rows:
             self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
         return self._rows[hkv]
+
+    def page_rows(self, hkv: int) -> mx.array:
+        """(2, B, Hkv, pages): each row's pages in a head-major pool, head by head."""
+        if hkv not in self._pages:
+            self._pages[hkv] = kv_quant.head_rows(self.tables, hkv)
+        return self._pages[hkv]
 
     @property
     def mask(self) -> mx.array:

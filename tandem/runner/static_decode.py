@@ -347,9 +347,10 @@ class StaticDecode:
                 seen.add(g)
                 s = lag[0]
                 slots[g] = mx.concatenate([s, mx.full((pad,), -1, dtype=mx.int32)]) if pad else s
-            v = mx.zeros((0, *buf.shape[1:]), dtype=buf.dtype) if lag is None else lag[1][0]
+            entry = kv_quant.entry_shape(buf)
+            v = mx.zeros((0, *entry), dtype=buf.dtype) if lag is None else lag[1][0]
             if pad:
-                v = mx.concatenate([v, mx.zeros((pad, *buf.shape[1:]), dtype=buf.dtype)])
+                v = mx.concatenate([v, mx.zeros((pad, *entry), dtype=buf.dtype)])
             out.append(v)
         return slots + out
 

@@ -89,6 +89,7 @@ class DecodeGroup:
         self.page = page
         self._mask: mx.array | None = None
         self._rows: dict[int, mx.array] = {}
+        self._pages: dict[int, mx.array] = {}
         self.work = kernels.DecodeWork(lengths, tables.shape[1]) if kernel else None
 
     def head_rows(self, hkv: int) -> mx.array:
@@ -97,6 +98,13 @@ class DecodeGroup:
         if hkv not in self._rows:
             self._rows[hkv] = table_head_rows(self.tables, self.page, self.longest, hkv)
         return self._rows[hkv]
+
+    def page_rows(self, hkv: int) -> mx.array:
+        """(2, B, Hkv, pages): each row's pages in a head-major pool, head by head
+        (``kv_quant.take_head_pages``), built once a step for all layers."""
+        if hkv not in self._pages:
+            self._pages[hkv] = kv_quant.head_rows(self.tables, hkv)
+        return self._pages[hkv]
 
     @property
     def mask(self) -> mx.array | None:
@@ -291,14 +299,15 @@ class StepContext:
         if seg.start == 0 and last == 0:
             return ChunkItem(first, seg.num_tokens, None)
         table = self._table(seg, window)
-        slots = None if seg.start == 0 else mx.array(_slots(table, lo, seg.end, self.page_size))
+        p = self.page_size
+        slots = None if seg.start == 0 else mx.array(_slots(table, lo, seg.end, p))
+        pages = table[lo // p : (seg.end - 1) // p + 1]  # (what a head-major pool gathers)
         if last == lo:  # every query reads from the same first key: causal alone
-            return ChunkItem(first, seg.num_tokens, slots)
+            return ChunkItem(first, seg.num_tokens, slots, pages=pages, skip=lo % p)
         q = np.arange(seg.start, seg.end)[:, None]
         k = np.arange(lo, seg.end)[None]
-        return ChunkItem(
-            first, seg.num_tokens, slots, mx.array((k <= q) & (k >= first_key(q, window)))
-        )
+        mask = mx.array((k <= q) & (k >= first_key(q, window)))
+        return ChunkItem(first, seg.num_tokens, slots, mask, pages=pages, skip=lo % p)
 
     def dense(self, window: int | None) -> DenseView:
         """Per token: the pool slots of positions [lo, pos] of its own request (lo: 0, or

@@ -31,7 +31,12 @@ class ChunkItem:
     # rows of the batched output that are real, in the members' order.
     pad_rows: mx.array | None = None
     real_rows: mx.array | None = None
+    # The pages ``slots`` are on, its first key ``skip`` positions into the first: what a
+    # head-major pool gathers (``kv_quant.take_head_pages``).
+    pages: tuple[int, ...] = ()
+    skip: int = 0
     _rows: dict[int, mx.array] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _pages: dict[int, mx.array] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -49,6 +54,13 @@ class ChunkItem:
         if hkv not in self._rows:
             self._rows[hkv] = kv_quant.head_rows(self.slots, hkv)
         return self._rows[hkv]
+
+    def page_rows(self, hkv: int) -> mx.array:
+        """(2, Hkv, pages): ``pages`` in a head-major pool, head by head."""
+        assert self.slots is not None and self.pages
+        if hkv not in self._pages:
+            self._pages[hkv] = kv_quant.head_rows(mx.array(self.pages, dtype=mx.int32), hkv)
+        return self._pages[hkv]
 
 
 def _runs(fresh: list[ChunkItem]) -> tuple[list[list[ChunkItem]], list[ChunkItem]]:
