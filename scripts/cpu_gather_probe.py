@@ -1,6 +1,8 @@
 """Gathered decode attention on MLX's CPU: whole positions gathered through the page tables
 and each half's transpose copied contiguous (Tandem before 2026-12-05), against keys and
-values gathered head by head straight into SDPA's layout (runner/kv_quant.take_heads).
+values gathered head by head straight into SDPA's layout from a position-major pool
+(runner/kv_quant.take_heads, one index per position and head), and from a head-major pool
+(kv_quant.take_head_pages, one index per page and head: the CPU's layout since 2026-12-07).
 Outputs are checked equal; medians of 15 evaluations each, in turn.
 
     python scripts/cpu_gather_probe.py
@@ -35,9 +37,21 @@ def bench(b: int, n: int, hkv: int, h: int, d: int, p: int = 16, dtype=mx.float3
     def heads() -> mx.array:
         return mx.fast.scaled_dot_product_attention(q, flat[rows], flat[rows + hkv], scale=0.125)
 
+    # The same entries head-major: (pages, 2 Hkv, page, D), one gathered row a head's page.
+    by_page = mx.contiguous(pool.reshape(slots // p, p, 2 * hkv, d).transpose(0, 2, 1, 3))
+    page_rows = tables[:, None, :] * (2 * hkv) + mx.arange(hkv, dtype=mx.int32)[None, :, None]
+    mx.eval(by_page, page_rows)
+
+    def pages() -> mx.array:
+        runs = by_page.reshape(-1, p * d)
+        k = runs[page_rows].reshape(b, hkv, -1, d)[:, :, :n]
+        v = runs[page_rows + hkv].reshape(b, hkv, -1, d)[:, :, :n]
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+
     assert mx.array_equal(positions(), heads()).item()
+    assert mx.array_equal(heads(), pages()).item()
     res: dict[str, float] = {}
-    for name, f in [("positions", positions), ("heads", heads)] * 2:
+    for name, f in [("positions", positions), ("heads", heads), ("pages", pages)] * 2:
         ts = []
         for _ in range(15):
             t = time.perf_counter()
@@ -46,7 +60,8 @@ def bench(b: int, n: int, hkv: int, h: int, d: int, p: int = 16, dtype=mx.float3
         res[name] = sorted(ts)[len(ts) // 2] * 1e3
     print(
         f"B={b} L={n} Hkv={hkv} D={d} {dtype}: positions {res['positions']:.2f} ms, "
-        f"heads {res['heads']:.2f} ms ({res['positions'] / res['heads']:.2f}x)"
+        f"heads {res['heads']:.2f} ms ({res['positions'] / res['heads']:.2f}x), "
+        f"pages {res['pages']:.2f} ms ({res['heads'] / res['pages']:.2f}x of heads)"
     )
 
 
