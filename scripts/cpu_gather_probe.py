@@ -19,13 +19,14 @@ import mlx.core as mx
 
 
 def bench(b: int, n: int, hkv: int, h: int, d: int, p: int = 16, dtype=mx.float32) -> None:
-    slots = b * n + 64
+    per_row = -(-n // p)  # pages; a length not a whole number of them is cut (a view)
+    slots = b * per_row * p + 4 * p
     pool = mx.random.normal((slots, 2 * hkv, d)).astype(dtype)
-    tables = mx.array([[b_ * n // p + i for i in range(n // p)] for b_ in range(b)], mx.int32)
+    tables = mx.array([[b_ * per_row + i for i in range(per_row)] for b_ in range(b)], mx.int32)
     q = mx.random.normal((b, h, 1, d)).astype(dtype)
     flat = pool.reshape(-1, d)
-    rows = (tables[:, :, None] * p + mx.arange(p)[None, None]).reshape(b, 1, -1) * (2 * hkv)
-    rows = rows + mx.arange(hkv, dtype=mx.int32)[None, :, None]
+    rows = (tables[:, :, None] * p + mx.arange(p)[None, None]).reshape(b, 1, -1)[..., :n]
+    rows = rows * (2 * hkv) + mx.arange(hkv, dtype=mx.int32)[None, :, None]
     mx.eval(pool, tables, q, rows)
 
     def positions() -> mx.array:
@@ -73,3 +74,7 @@ if __name__ == "__main__":
     bench(16, 512, 8, 16, 128, dtype=mx.bfloat16)
     bench(4, 2048, 2, 4, 64)
     bench(16, 256, 2, 4, 16)
+    bench(16, 250, 3, 9, 64)  # lengths cut inside a page, as steps have them
+    bench(64, 250, 3, 9, 64)
+    bench(16, 378, 2, 4, 16)
+    bench(16, 500, 8, 16, 128)

@@ -43,8 +43,9 @@ class EngineConfig:
     # their check, i.e. MLX's CUDA backend without the double buffer; False: MLX scatters).
     kv_inplace_writes: bool | None = None
     # Float pages laid out head by head, (pages, 2 Hkv, page, D), so the gather path reads
-    # whole runs of a page (runner/paged.py; None: where no decode kernel reads the pages and
-    # no kernel writes them in place, i.e. the CPU; False: position by position).
+    # whole runs of a page (runner/paged.py; None: on the CPU, where it was measured; True:
+    # also elsewhere, but never where the decode kernel reads the pages or a kernel writes
+    # them in place; False: position by position).
     kv_head_major: bool | None = None
     # Steady decode steps (single-token rows only) of at most this many rows replay an
     # mx.compile trace of the model instead of building its graph in Python

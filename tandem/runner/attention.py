@@ -95,7 +95,8 @@ def gather_attention(
     token: mx.array | None = None,
 ) -> mx.array:
     """``queries`` (T, H, 1, D), the step's fresh ``keys``/``values`` (T, Hkv, 1, D), the
-    layer's pool (slots, 2 Hkv, D: K then V; or its quantized pages) already holding them
+    layer's pool (slots, 2 Hkv, D: K then V; head-major (pages, 2 Hkv, page, D); or its
+    quantized pages) already holding them
     (``token``: the in-place write the reads wait on, ``runner.kv_write``). Returns
     (T, H, 1, D). Without the kernel this is the pure-MLX path, and the oracle of every
     kernel."""
@@ -105,6 +106,7 @@ def gather_attention(
     for g in view.decodes:
         q = g.queries(queries)  # (B, H, 1, D)
         if view.kernel:
+            assert pool.ndim != 4, "the decode kernel reads position-major pages"
             outs.append(
                 kernels.paged_decode(
                     q, pool, g.tables, g.lengths, scale, g.page, g.work, token=token

@@ -185,8 +185,8 @@ def take_head_pages(buf: mx.array, rows: mx.array, skip: int, n: int) -> tuple[m
     ``rows`` (``head_rows`` of page tables: (2, ..., Hkv, pages)): positions ``[skip, skip +
     n)`` of the gathered pages, (..., Hkv, n, D) each. Each head's page is one contiguous
     run, so a gather moves whole runs of page x D entries, not one of D per position and
-    head as ``take_heads`` does: on MLX's CPU a gather + SDPA 1.1-2x faster (SmolLM2's
-    shape 1.6x; docs/benchmarks.md), the outputs bitwise the same."""
+    head as ``take_heads`` does: on MLX's CPU a gather + SDPA 1.05-2x faster (SmolLM2's
+    shape 1.2-1.5x; docs/benchmarks.md), the outputs bitwise the same."""
     _, _, page, d = buf.shape
     x = buf.reshape(-1, page * d)[rows]
     x = x.reshape(*x.shape[:-2], -1, d)

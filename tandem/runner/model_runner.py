@@ -72,7 +72,7 @@ class ModelRunner:
         decode steps of at most that many rows through ``mx.compile`` where the model allows
         (runner/static_decode.py; None: ``static_decode.default_rows``).
         ``fuse_projections``: rows up to which q/k/v and gate/up are one matmul (fused_proj).
-        ``head_major``: float pages head by head (runner/paged.py; None: with no kernels)."""
+        ``head_major``: float pages head by head (runner/paged.py; None: on the CPU)."""
         layout = layers.declared_layout(model, model_type)  # (raises for kinds not served)
         self.model = model
         self.model_type = model_type
@@ -177,8 +177,10 @@ class ModelRunner:
                 quant=self.kv_quant,
                 inplace=self._inplace(),
                 window_pages=window_pages,
-                # (not where the kernel reads them: the pool drops it with in-place writes)
-                head_major=self.head_major is not False and not self.decode_kernel,
+                # (never under the kernel; None: on the CPU, measured there; not in place)
+                head_major=self.head_major is not False
+                and not self.decode_kernel
+                and (self.head_major or mx.default_device() == mx.cpu),
             )
             if self.state_specs:
                 self.state_pool = StatePool(self.state_specs, state_slots, self.inplace_writes)

@@ -3,7 +3,9 @@
 Per layer, K and V live in one buffer of ``num_pages * page_size`` slots, allocated once at
 start; slot ``page * page_size + i`` holds position ``i`` of whatever page ``page`` stands for
 in a request's page table. A paged layer's buffer is ``(slots, 2 * kv_heads, head_dim)``, K in
-the first ``kv_heads`` rows of a slot and V in the rest (what the decode kernel reads); a dense
+the first ``kv_heads`` rows of a slot and V in the rest (what the decode kernel reads), or
+with ``head_major`` (the CPU) ``(pages, 2 * kv_heads, page_size, head_dim)``: the same
+entries, each head's page one contiguous run for the gather path to read whole; a dense
 layer's (``runner.layers``) is ``(slots, width)``, K and V flattened side by side, whatever
 their shapes (MLA latents). A step writes its new tokens' K/V with one scatter per layer, at
 slots computed once per step.
@@ -61,7 +63,9 @@ class PagePool:
         self.group = [int(bool(window_pages) and s.window is not None) for s in specs]
         self.inplace = inplace and not double_buffer
         self.head_major = head_major and not self.inplace
-        self._split: tuple[mx.array, mx.array, mx.array] | None = None  # slots: pages, offsets
+        # Per page group, the last write slots a head-major write split into pages and
+        # offsets (every layer of the group writes at the same slots in a step).
+        self._split: list[tuple[mx.array, mx.array, mx.array] | None] = [None, None]
         # In place: each layer's latest write token, which its reads wait on; it depends on
         # every earlier write of the layer (a chain, evaluated with each submission). A
         # compiled step (runner/static_decode.py) takes them and hands back its own.
@@ -98,7 +102,7 @@ class PagePool:
         self._step, self._lag, self._keep = [None, None], [None, None], [None, None]
         self._lag_slots = [None, None]
         self.tokens = [None] * len(self.specs)
-        self._split = None
+        self._split = [None, None]
 
     def reset(self) -> None:
         """(Re)create every buffer: all KV is gone (after a failure, nothing in flight). The
@@ -161,7 +165,9 @@ class PagePool:
         )
 
     def restore_step(self, state: tuple) -> None:
+        """(After a compiled step's trace: its write slots' split, tracers, goes too.)"""
         self.current, self._step, self._lag, self._keep, self._lag_slots = state
+        self._split = [None, None]
 
     def pending(self) -> int:
         """With two buffer sets: the most writes of one page group that the next step's set
@@ -230,9 +236,10 @@ class PagePool:
                 encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
                 at = lag[0]  # (the previous step's slots and this step's)
         if isinstance(buf, mx.array) and buf.ndim == 4:  # head-major: (page, all heads, offset)
-            if self._split is None or self._split[0] is not at:  # (once a step, all layers)
-                self._split = (at, at // self.page_size, at % self.page_size)
-            buf[self._split[1], :, self._split[2]] = encoded[0]
+            g, split = self.group[layer], self._split[self.group[layer]]
+            if split is None or split[0] is not at:  # (once a step, for all its layers)
+                split = self._split[g] = (at, at // self.page_size, at % self.page_size)
+            buf[split[1], :, split[2]] = encoded[0]
             return
         for part, e in zip(kv_quant.parts(buf), encoded, strict=True):
             part[at] = e

@@ -76,8 +76,9 @@ def difference(got: mx.array, want: mx.array) -> tuple[float, float]:
 @contextmanager
 def scratch(runner: ModelRunner, pages: int, slots: int) -> Iterator[None]:
     """The runner's pools replaced, for the block, by a scratch page pool of ``pages`` pages
-    of ``PAGE`` positions (the real pool's write path, in place or scatters; sliding-window
-    layers in a window group of as many pages) and ``slots`` recurrent-state slots."""
+    of ``PAGE`` positions (the real pool's layout and write path, in place or scatters;
+    sliding-window layers in a window group of as many pages) and ``slots`` recurrent-state
+    slots."""
     saved = runner.pool, runner.state_pool
     try:
         runner.pool = PagePool(
@@ -87,6 +88,7 @@ def scratch(runner: ModelRunner, pages: int, slots: int) -> Iterator[None]:
             double_buffer=False,
             inplace=bool(saved[0] and saved[0].inplace),
             window_pages=pages if runner.max_window else 0,
+            head_major=bool(saved[0] and saved[0].head_major),
         )
         inplace = bool(saved[1] and saved[1].inplace)  # (the real pool's write path too)
         specs = runner.state_specs
