@@ -236,7 +236,8 @@ class PagePool:
                 encoded = [mx.concatenate([o, e]) for o, e in zip(old, encoded, strict=True)]
                 at = lag[0]  # (the previous step's slots and this step's)
         if isinstance(buf, mx.array) and buf.ndim == 4:  # head-major: (page, all heads, offset)
-            g, split = self.group[layer], self._split[self.group[layer]]
+            g = self.group[layer]
+            split = self._split[g]
             if split is None or split[0] is not at:  # (once a step, for all its layers)
                 split = self._split[g] = (at, at // self.page_size, at % self.page_size)
             buf[split[1], :, split[2]] = encoded[0]

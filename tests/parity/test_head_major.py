@@ -52,21 +52,25 @@ def test_reads_of_both_layouts_are_equal(double_buffer):
             assert mx.array_equal(w, g).item()
 
 
+def _chunked(path, **options) -> LLM:
+    """Chunks of 24 over pages of 4: chunks start mid-page over a history."""
+    return LLM(
+        str(path),
+        check_invariants=True,
+        max_num_seqs=32,
+        max_num_batched_tokens=24,
+        kv_page_size=4,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_both_layouts_match_mlx_lm(tiny_model_dir, head_major, overlap):
     """Staggered requests, prefix hits, aborts and stops, in chunks of 24 over pages of 4
     (chunks start mid-page over a history), compiled steps of up to 4 rows included."""
     path = tiny_model_dir("qwen3")
-    llm = LLM(
-        str(path),
-        overlap=overlap,
-        kv_head_major=head_major,
-        check_invariants=True,
-        max_num_seqs=32,
-        max_num_batched_tokens=24,
-        kv_page_size=4,
-    )
+    llm = _chunked(path, overlap=overlap, kv_head_major=head_major)
     pool = llm.engine.loop.runner.pool
     assert pool.head_major == head_major
     assert all(b.ndim == (4 if head_major else 3) for b in pool.sets[0])
@@ -78,13 +82,6 @@ def test_windows_and_sinks_head_major_match_mlx_lm(family_model_dir, model_type)
     """Sliding windows read from mid-page (``skip``), in their own page group; gpt-oss's
     sinks; both on head-major pages."""
     path = family_model_dir(model_type)
-    llm = LLM(
-        str(path),
-        kv_head_major=True,
-        check_invariants=True,
-        max_num_seqs=32,
-        max_num_batched_tokens=24,
-        kv_page_size=4,
-    )
+    llm = _chunked(path, kv_head_major=True)
     assert llm.engine.loop.runner.pool.head_major
     run_staggered(llm, path, random.Random(model_type))
