@@ -17,6 +17,9 @@
 #   PREFIX_LEN, NUM_PREFIXES   shared-prefix pool                         [2048, 8]
 #   SERVERS       tandem,mlx_lm or one of them                            [tandem,mlx_lm]
 #   TANDEM_ARGS, MLX_LM_ARGS   appended to each server's command line     []
+#   TANDEM_KV_TOKENS  Tandem's KV pool, unless TANDEM_ARGS sets --kv-budget-tokens: both
+#                 servers stay up through the sweep, and Tandem's default (half the free
+#                 memory) left mlx_lm.server out of memory at 64 streams on an 80 GB H100 [131072]
 #   PROMPTS_PER_CONCURRENCY    requests per run = max(8, this x concurrency)   [2]
 #   NAME          output folder under $OUT                                [compare-$DATASETS]
 #   BUDGET_S      seconds for this script (model build included); the sweep then stops,
@@ -71,6 +74,10 @@ EOF
   fi
 fi
 
+case " ${TANDEM_ARGS:-} " in
+  *" --kv-budget-tokens "*) ;;
+  *) TANDEM_ARGS="${TANDEM_ARGS:-} --kv-budget-tokens ${TANDEM_KV_TOKENS:-131072}" ;;
+esac
 mkdir -p "$OUT/$NAME"
 left=$((${BUDGET_S:-480} - ($(date +%s) - t0)))
 set -x

@@ -49,11 +49,10 @@ class EngineConfig:
     kv_head_major: bool | None = None
     # Steady decode steps (single-token rows only) of at most this many rows replay an
     # mx.compile trace of the model instead of building its graph in Python
-    # (runner/static_decode.py; 0: off, True: any number; None: 8 where KV writes are in
+    # (runner/static_decode.py; 0: off, True: any number; None: 64 where KV writes are in
     # place, i.e. CUDA, 4 on the CPU where MLX builds fused kernels, else off); models of
-    # paged attention layers (full, sliding windows, chunks) on float pages. On the H200
-    # (overlap on, one run) a step of 1-8 rows took 1.3-1.8x less time compiled; at 16 and
-    # 64 rows a compiled offline run was slower.
+    # paged attention layers (full, sliding windows, chunks) on float pages. On the H100 a
+    # step of 16 rows took 1.35x less time compiled (0.6B shape), 1.05x (8B).
     compile_decode: int | None = None
     # One matmul for each layer's q/k/v and for its gate/up projections in steps of at most
     # this many rows (runner/fused_proj.py; 0: off): 4 matmul launches a layer instead of 7;

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 COUNTERS = (
     "tandem_engine_steps_total",
@@ -71,11 +72,20 @@ class Row:
         )
 
 
-def offline_run(model: str, prompts: list[list[int]], n: int) -> tuple[float, float, int]:
-    """Median TPOT (s), mean step time (s) and steps of the offline engine on ``prompts``."""
-    from tandem import LLM, SamplingParams
+def offline_run(
+    model: str, prompts: list[list[int]], n: int, kv_budget_tokens: int
+) -> tuple[float, float, int]:
+    """Median TPOT (s), mean step time (s) and steps of the offline engine on ``prompts``
+    (its KV pool as large as the server's: both live on one device at once)."""
+    from tandem import LLM
 
-    llm = LLM(model)
+    with LLM(model, kv_budget_tokens=kv_budget_tokens) as llm:
+        return _offline_steps(llm, prompts, n)
+
+
+def _offline_steps(llm: Any, prompts: list[list[int]], n: int) -> tuple[float, float, int]:
+    from tandem import SamplingParams
+
     engine = llm.engine
     sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -151,14 +161,14 @@ def server_run(url: str, prompts: list[list[int]], n: int) -> tuple[float, dict[
     return tpot, {**{k: after[k] - before[k] for k in COUNTERS}, "client_cpu": cpu}
 
 
-def measure(model: str, url: str, concurrency: int, n: int) -> Row:
+def measure(model: str, url: str, concurrency: int, n: int, kv_budget_tokens: int) -> Row:
     # The server's prefix cache lives across levels, the offline engine is new for each:
     # every level's prompts start with their own token, so neither side hits.
     salt = 300 + len(str(concurrency)) * 50 + concurrency % 50
     prompts = [
         [salt, *(10 + (i * 13 + j) % 290 for j in range(15 + i % 48))] for i in range(concurrency)
     ]
-    off_tpot, off_step, off_steps = offline_run(model, prompts, n)
+    off_tpot, off_step, off_steps = offline_run(model, prompts, n, kv_budget_tokens)
     srv_tpot, d = server_run(url, prompts, n)
     steps = int(d["tandem_engine_steps_total"])
     tokens = int(d["tandem_generation_tokens_total"])
@@ -191,14 +201,22 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,64,256")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument(
+        "--kv-budget-tokens",
+        type=int,
+        default=1 << 17,
+        help="KV pool of the server and of the offline engine alike (both on one device)",
+    )
     a = ap.parse_args()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or str(make_model(a.shape, "float32", Path(tmp)))
-        server = Server(Path(model), api_key=None, debug_invariants=False)
+        server = Server(
+            Path(model), api_key=None, debug_invariants=False, kv_budget_tokens=a.kv_budget_tokens
+        )
         try:
             for c in [int(x) for x in a.concurrency.split(",")]:
-                rows.append(measure(model, server.url, c, a.output_len))
+                rows.append(measure(model, server.url, c, a.output_len, a.kv_budget_tokens))
                 print(rows[-1].line(), flush=True)
         finally:
             server.stop()

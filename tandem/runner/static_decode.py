@@ -60,10 +60,10 @@ log = logging.getLogger("tandem")
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept; past it the least recently used is dropped
-# Rows compiled by default where KV writes are in place (CUDA): on the H200 (Qwen3-8B shape,
-# bf16, overlap on, one run) a step of 1, 2, 4 and 8 rows took 1.43, 1.34, 1.60 and 1.82x less
-# time compiled; at 16 and 64 rows a compiled offline run was 0.92x the uncompiled one.
-GPU_ROWS = 8
+# Rows compiled by default where KV writes are in place (CUDA). H100, bf16, one process: a
+# steady 16-row step 6.56 -> 4.86 ms compiled to 64 rows instead of 8 (0.6B shape), 8.44 ->
+# 8.04 (8B); 64 rows 6.26 -> 5.17, 9.80 -> 9.59; 256 rows 7.75 -> 7.53 (docs/benchmarks.md).
+GPU_ROWS = 64
 # Rows compiled by default on the CPU, where a C++ compiler builds MLX's fused kernels:
 # the SmolLM2 shape's single stream 1.09x mlx-lm's generate_step compiled against 0.97x not,
 # 4 rows 1.04x against 0.96x; at 16 rows a compiled step was 13-18% slower (its tables,
