@@ -55,12 +55,16 @@ def allocate(
     kv = sched.kv
     drafting = sched.proposer is not None and bool(proposals)
     pages_before = {r.request_id: len(r.pages) for r, _ in decodes} if drafting else {}
+    page, windowed = kv.page_size, kv.walloc is not None
     for req, _ in decodes:  # first: a draft writes its proposals' positions
-        end = req.num_computed + 1 + len(proposals.get(req.request_id, ()))
-        short = kv.pages_for(end) - len(req.pages)
+        end = req.num_computed + 1
+        if proposals:
+            end += len(proposals.get(req.request_id, ()))
+        short = -(-end // page) - len(req.pages)  # (kv.pages_for, inlined: every row, step)
         if short > 0:
             req.pages += kv.allocate(short)
-        kv.grow_window(req, end)
+        if windowed:
+            kv.grow_window(req, end)
     if not drafting:
         return proposals, []
     return draft(sched, proposals, pages_before)

@@ -17,8 +17,8 @@ class Segment:
     """Immutable once in a plan, by convention: not ``frozen``, whose ``__init__`` sets each
     of its 17 fields through ``object.__setattr__`` (2.5 µs a segment against 1.1 here; a
     B = 256 decode step builds 256 of them: ``scripts/sched_host_cost.py`` read schedule
-    1.5 -> 1.1 ms). Nothing writes one after it is made; ``dataclasses.replace`` makes a
-    changed copy."""
+    1.5 -> 1.1 ms). Nothing writes one once it is in a plan (the scheduler sets a decode's
+    rarer fields just after making it); ``dataclasses.replace`` makes a changed copy."""
 
     request_id: str
     start: int  # first position written

@@ -42,19 +42,21 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
                 guided.append((row, req.grammar, token))
         verdicts = accept_all([(g, t) for _, g, t in guided])
         accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
+    # (Per row and step: the common row's checks are kept to plain attribute tests.)
+    finished = RequestStatus.FINISHED
+    logprobs = result.logprobs
     for row, (rid, token) in enumerate(zip(plan.sample_request_ids, result.tokens, strict=True)):
         req = sched.running[rid]
-        if row in verifies:  # a verify segment's rows: all of them at its first
-            out = _verified(sched, req, verifies[row], result)
-            if out is not None:
-                outputs.append(out)
-            continue
-        if row in rest:
+        if verifies and (row in verifies or row in rest):
+            if row in verifies:  # a verify segment's rows: all of them at its first
+                out = _verified(sched, req, verifies[row], result)
+                if out is not None:
+                    outputs.append(out)
             continue
         req.num_pending_samples -= 1
         if req.spec is not None:
             req.spec.plain_tokens(1)
-        if req.finished:
+        if req.status is finished:
             continue  # finished earlier in the chain; this token is past its end
         if req.grammar is not None and not accepted.get(row, True):
             # Masks make this impossible; if it happens the request fails alone.
@@ -66,8 +68,8 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         reason = _end_reason(req, token)
         if reason is not None:
             sched.finish(req, reason, emit=False)
-        cached, prompt_lps = _first_report(req)
-        lp = result.logprobs.get(row) if result.logprobs else None
+        cached, prompt_lps = (None, None) if req.cache_reported else _first_report(req)
+        lp = logprobs.get(row) if logprobs else None
         outputs.append(
             EngineOutput(
                 rid,
@@ -78,13 +80,14 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
                 prompt_logprobs=prompt_lps,
             )
         )
+    windowed = sched.kv.walloc is not None
     for seg in plan.segments:
         req = sched.running[seg.request_id]
         req.num_inflight -= 1
-        # Window pages no later step reads (the step in flight, if any, starts later).
-        if not req.finished:
+        if req.status is finished:
+            sched.maybe_release(req)
+        elif windowed:  # window pages no later step reads (the one in flight starts later)
             sched.kv.free_behind(req, seg.start)
-        sched.maybe_release(req)
     recovery.regrow_budget(sched)
     # Outputs not tied to a step (aborts) go first; taken last, so a failure above
     # leaves them queued for the loop instead of dropping them.
@@ -185,10 +188,13 @@ def _roll_back(sched: Scheduler, req: Request, seg: Segment, emitted: int) -> No
 
 def _end_reason(req: Request, token: int) -> str | None:
     """Why ``token`` (just appended) ends the request, if it does."""
-    reason = stop_reason(req, token)
-    if reason is None and req.grammar is not None and req.grammar.done:
-        reason = "stop"  # the grammar is complete: nothing but the end may follow
-    return reason
+    if token in req.stop_ids:
+        return "stop"
+    if len(req.output_token_ids) >= req.params.max_tokens:
+        return "length"
+    if req.grammar is not None and req.grammar.done:
+        return "stop"  # the grammar is complete: nothing but the end may follow
+    return None
 
 
 def _first_report(req: Request) -> tuple[int | None, list | None]:
@@ -240,11 +246,3 @@ def grammar_masks(sched: Scheduler, plan: StepPlan, words: int) -> np.ndarray | 
             if t < words * 32:
                 bits[i, t >> 5] |= np.uint32(1 << (t & 31))
     return masks
-
-
-def stop_reason(req: Request, token: int) -> str | None:
-    if token in req.stop_ids:
-        return "stop"
-    if len(req.output_token_ids) >= req.params.max_tokens:
-        return "length"
-    return None

@@ -198,7 +198,8 @@ class Scheduler:
                 if spec:
                     proposals[req.request_id] = speculation.propose(req, self.config.speculation)
             need += req.num_computed // kv.page_size >= len(req.pages)
-            wneed += kv.window_need(req, req.num_computed + 1)
+            if kv.walloc is not None:
+                wneed += kv.window_need(req, req.num_computed + 1)
         if need > kv.available() or wneed > kv.window_available():
             assert parent is not None, "recovery.fit left the decodes short of pages"
             return None
@@ -239,6 +240,9 @@ class Scheduler:
         budget -= len(decodes) + sum(len(p) for p in proposals.values())
         segments: list[Segment] = []
         sampled: list[Request] = []
+        # No windows, no recurrent states (slots, snapshots, a verify's backups).
+        plain = kv.walloc is None and self.state_slots is None and kv.states is None
+        running = self.running.values()
         for req, prow in decodes:
             pos = req.num_computed
             proposal = proposals.get(req.request_id, [])
@@ -246,27 +250,15 @@ class Scheduler:
             if req.spec_backup >= 0 or req.spec_positions:  # (its draft may have come
                 speculation.fit_slots(kv, req, n)  # back shorter than its slots)
             tokens = () if prow >= 0 else (req.token_at(pos), *proposal)
-            segments.append(
-                Segment(
-                    req.request_id,
-                    pos,
-                    n,
-                    tokens,
-                    tuple(req.pages),
-                    prow,
-                    len(sampled),
-                    wpages=tuple(req.wpages),
-                    num_samples=n,
-                    draft=draft_of.get(req.request_id, -1),
-                    state_slot=req.state_slot,
-                    state_src=req.state_src,
-                    snapshots=state_snapshots.checkpoint(
-                        self.kv, self.running.values(), req, pos + 1
-                    ),
-                    state_backup=req.spec_backup,
-                    state_positions=req.spec_positions,
-                )
-            )
+            seg = Segment(req.request_id, pos, n, tokens, tuple(req.pages), prow, len(sampled))
+            if not plain or proposal:  # (the defaults' fields set only where they may differ)
+                seg.wpages, seg.num_samples = tuple(req.wpages), n
+                seg.draft = draft_of.get(req.request_id, -1)
+                seg.state_slot, seg.state_src = req.state_slot, req.state_src
+                seg.state_backup, seg.state_positions = req.spec_backup, req.spec_positions
+                if kv.snapshots is not None:
+                    seg.snapshots = state_snapshots.checkpoint(kv, running, req, pos + 1)
+            segments.append(seg)
             sampled += [req] * n
             req.spec_inflight = bool(proposal)
         if self.config.prefill_chunk_while_decoding and decodes:
@@ -337,6 +329,8 @@ class Scheduler:
         """Freeze a plan and advance accounting for every request it touches."""
         released = self.kv.positions.take_freed() if self.kv.positions else ()
         self.gain.planned(self._step_id + 1, segments, chunks, self.running, spec_mode, drafts)
+        positions: list[int] = []  # the sampled positions, in row order
+        all_lazy, verifies = True, False  # every sampled segment lazy; any verify segment
         for seg in segments:
             req = self.running[seg.request_id]
             req.num_computed += seg.num_tokens
@@ -348,6 +342,12 @@ class Scheduler:
                 req.num_pending_samples += seg.num_samples
                 req.status = RequestStatus.DECODE
                 req.replaying = False
+                all_lazy = all_lazy and seg.parent_row >= 0
+                if seg.num_samples == 1:
+                    positions.append(seg.start + seg.num_tokens - 1)  # (seg.sample_positions)
+                else:
+                    positions += seg.sample_positions
+                    verifies = True
             assert req.num_computed <= len(req.pages) * self.kv.page_size
         for seg in chunks:
             # Launched prefill is visible to later steps' hits (the device runs steps in
@@ -358,18 +358,14 @@ class Scheduler:
             for pos, slot in seg.snapshots:
                 self.kv.keep_snapshot(tokens, pos, slot)
         ids = tuple(r.request_id for r in sampled)
-        drafted = speculation.drafted_rows(segments)
-        reuse = (
-            parent is not None
-            and ids == parent.sample_request_ids
-            and all(s.lazy for s in segments if s.sample_row >= 0)
-        )
+        drafted = speculation.drafted_rows(segments) if verifies else {}
+        reuse = parent is not None and ids == parent.sample_request_ids and all_lazy
         self._step_id += 1
         return StepPlan(
             step_id=self._step_id,
             segments=tuple(segments),
             sample_request_ids=ids,
-            sample_positions=tuple(p for s in segments for p in s.sample_positions),
+            sample_positions=tuple(positions),
             sampling=parent.sampling if reuse and parent else row_sampling(sampled, drafted),
             parent_step=parent.step_id if parent is not None else 0,
             reuse_sampling=reuse,

@@ -242,7 +242,13 @@ class StepContext:
         chunks: list[ChunkItem] = []
         t = 0
         for seg in self.segments:
-            if seg.num_tokens == 1 or (kernel and seg.num_samples == seg.num_tokens):
+            if seg.num_tokens == 1 and window is None:  # the common row, without the loop
+                end = seg.start + 1
+                decode_idx.append(t)
+                lengths.append(end)
+                starts.append(0)
+                tables.append(seg.pages[: -(-end // p)])
+            elif seg.num_tokens == 1 or (kernel and seg.num_samples == seg.num_tokens):
                 # A decode, or with the decode kernel a speculative verify segment: each of
                 # its positions attends like a decode of its own (keys up to and including
                 # it, already in the pool), in the kernel's one call with the step's decodes
