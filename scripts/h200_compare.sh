@@ -75,7 +75,7 @@ EOF
 fi
 
 case " ${TANDEM_ARGS:-} " in
-  *" --kv-budget-tokens "*) ;;
+  *" --kv-budget-tokens "* | *" --kv-budget-tokens="*) ;;
   *) TANDEM_ARGS="${TANDEM_ARGS:-} --kv-budget-tokens ${TANDEM_KV_TOKENS:-131072}" ;;
 esac
 mkdir -p "$OUT/$NAME"

@@ -73,7 +73,7 @@ class Row:
 
 
 def offline_run(
-    model: str, prompts: list[list[int]], n: int, kv_budget_tokens: int
+    model: str, prompts: list[list[int]], n: int, kv_budget_tokens: int | None
 ) -> tuple[float, float, int]:
     """Median TPOT (s), mean step time (s) and steps of the offline engine on ``prompts``
     (its KV pool as large as the server's: both live on one device at once)."""
@@ -161,7 +161,7 @@ def server_run(url: str, prompts: list[list[int]], n: int) -> tuple[float, dict[
     return tpot, {**{k: after[k] - before[k] for k in COUNTERS}, "client_cpu": cpu}
 
 
-def measure(model: str, url: str, concurrency: int, n: int, kv_budget_tokens: int) -> Row:
+def measure(model: str, url: str, concurrency: int, n: int, kv_budget_tokens: int | None) -> Row:
     # The server's prefix cache lives across levels, the offline engine is new for each:
     # every level's prompts start with their own token, so neither side hits.
     salt = 300 + len(str(concurrency)) * 50 + concurrency % 50
@@ -204,10 +204,15 @@ def main() -> None:
     ap.add_argument(
         "--kv-budget-tokens",
         type=int,
-        default=1 << 17,
-        help="KV pool of the server and of the offline engine alike (both on one device)",
+        help="KV pool of the server and of the offline engine alike (default: their own on "
+        "the CPU, which caps it; 131072 tokens on a GPU, where both processes share the "
+        "device and each default pool is half its free memory)",
     )
     a = ap.parse_args()
+    import mlx.core as mx
+
+    if a.kv_budget_tokens is None and mx.default_device() != mx.cpu:
+        a.kv_budget_tokens = 1 << 17
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or str(make_model(a.shape, "float32", Path(tmp)))
