@@ -29,7 +29,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 COUNTERS = (
     "tandem_engine_steps_total",
@@ -77,32 +76,26 @@ def offline_run(
 ) -> tuple[float, float, int]:
     """Median TPOT (s), mean step time (s) and steps of the offline engine on ``prompts``
     (its KV pool as large as the server's: both live on one device at once)."""
-    from tandem import LLM
+    from tandem import LLM, SamplingParams
 
     with LLM(model, kv_budget_tokens=kv_budget_tokens) as llm:
-        return _offline_steps(llm, prompts, n)
-
-
-def _offline_steps(llm: Any, prompts: list[list[int]], n: int) -> tuple[float, float, int]:
-    from tandem import SamplingParams
-
-    engine = llm.engine
-    sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    steps0, seconds0 = engine.steps, engine.step_seconds
-    for p in prompts:
-        engine.add_request(p, sp)
-    while engine.has_unfinished():
-        for out in engine.step():
-            now = time.perf_counter()
-            if out.new_token_ids:
-                first.setdefault(out.request_id, now)
-                last[out.request_id] = now
-    steps = engine.steps - steps0
-    tpot = statistics.median((last[r] - first[r]) / max(1, n - 1) for r in first)
-    return tpot, (engine.step_seconds - seconds0) / steps, steps
+        engine = llm.engine
+        sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        steps0, seconds0 = engine.steps, engine.step_seconds
+        for p in prompts:
+            engine.add_request(p, sp)
+        while engine.has_unfinished():
+            for out in engine.step():
+                now = time.perf_counter()
+                if out.new_token_ids:
+                    first.setdefault(out.request_id, now)
+                    last[out.request_id] = now
+        steps = engine.steps - steps0
+        tpot = statistics.median((last[r] - first[r]) / max(1, n - 1) for r in first)
+        return tpot, (engine.step_seconds - seconds0) / steps, steps
 
 
 def scrape(url: str) -> dict[str, float]:
