@@ -24,6 +24,11 @@ log = logging.getLogger("tandem")
 # Per dense layer (runner/layers.py), the gathered history of one step's tokens at full
 # context may take this much: it caps such a model's tokens per step.
 DENSE_GATHER_BYTES = 512 << 20
+# Default tokens per step: on the H100 a B = 256 ramp of 256-token prompts took 8 steps and
+# 0.39 s at 8192 against 34 steps and 0.63 s at 2048 (docs/benchmarks.md); on the CPU a
+# step's prefill is compute that a larger step only makes the decoding streams wait for.
+GPU_STEP_TOKENS = 8192
+CPU_STEP_TOKENS = 2048
 
 
 @dataclass
@@ -195,6 +200,7 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=step_tokens,
+        max_prefill_chunk=config.max_prefill_chunk,
         prefill_chunk_while_decoding=config.prefill_chunk_while_decoding,
         kv_budget_tokens=num_pages * page,
         page_size=page,
@@ -262,9 +268,11 @@ def _window_pages(config: EngineConfig, window: int, page: int, step_tokens: int
 
 
 def _step_tokens(runner, config: EngineConfig, max_model_len: int, page: int) -> int:
-    """Tokens per step; dense layers gather each token's history, so for a model with them
-    tokens x context per layer is bounded."""
+    """Tokens per step (as set, else a GPU's or the CPU's default); dense layers gather each
+    token's history, so for a model with them tokens x context per layer is bounded."""
     step_tokens = config.max_num_batched_tokens
+    if step_tokens is None:
+        step_tokens = GPU_STEP_TOKENS if runner.accelerator else CPU_STEP_TOKENS
     if runner.dense:
         cap = max(page, DENSE_GATHER_BYTES // (max_model_len * runner.dense_bytes_per_token))
         if cap < step_tokens:

@@ -76,6 +76,7 @@ def _engine_config(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_prefill_chunk=args.max_prefill_chunk,
         prefill_chunk_while_decoding=args.prefill_chunk_while_decoding,
         kv_memory_fraction=args.kv_memory_fraction,
         kv_budget_tokens=args.kv_budget_tokens,
@@ -139,7 +140,19 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens per step, decodes and prefill chunks together (default 8192 on a GPU, "
+        "2048 on the CPU)",
+    )
+    p.add_argument(
+        "--max-prefill-chunk",
+        type=int,
+        default=2048,
+        help="one request's prefill tokens per step (0: the whole step budget); bounds a long "
+        "prompt's chunk attention while the step budget batches many prompts",
+    )
     p.add_argument(
         "--prefill-chunk-while-decoding",
         type=int,

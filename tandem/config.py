@@ -24,7 +24,13 @@ class EngineConfig:
     dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length
-    max_num_batched_tokens: int = 2048
+    # Tokens per step, decodes and prefill chunks together (None: 8192 on a GPU, where a
+    # step of many new prompts' chunks beats several smaller steps, 2048 on the CPU).
+    max_num_batched_tokens: int | None = None
+    # A request's prefill tokens per step (0: up to the whole step budget): a long prompt's
+    # chunk attends over its own context, so this bounds that attention's memory (and, with
+    # a sliding window's array mask, its square) while the step budget batches many prompts.
+    max_prefill_chunk: int = 2048
     prefill_chunk_while_decoding: int = 0  # 0: always the whole max_num_batched_tokens
     # The KV pool, sized once at start: this share of the memory available after loading the
     # weights (None: 0.5, and on the CPU backend at most CPU_KV_BYTES), or kv_budget_tokens.
@@ -84,8 +90,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_prefill_chunk < 0:
+            raise ValueError("max_prefill_chunk must be >= 0")
         if self.prefill_chunk_while_decoding < 0:
             raise ValueError("prefill_chunk_while_decoding must be >= 0")
         if not (self.host_thread is None or isinstance(self.host_thread, bool)):

@@ -86,3 +86,30 @@ def test_host_thread_is_off_unless_asked():
     assert _engine_config(parse(["serve"])).host_thread is False
     assert _engine_config(parse(["serve", "--host-thread", "auto"])).host_thread is None
     assert _engine_config(parse(["serve", "--host-thread", "on"])).host_thread is True
+
+
+def test_step_budget_defaults_by_device_and_the_chunk_cap_parses():
+    """Tokens per step: 8192 on a GPU, 2048 on the CPU unless set; a dense model's context
+    still caps it; one request's chunk is 2048 unless set."""
+    from types import SimpleNamespace
+
+    from tandem.build import _step_tokens
+    from tandem.cli import _engine_config, build_parser
+    from tandem.config import EngineConfig
+
+    parse = build_parser().parse_args
+    config = _engine_config(parse(["serve"]))
+    assert config.max_num_batched_tokens is None and config.max_prefill_chunk == 2048
+    set_ = _engine_config(parse(["serve", "--max-num-batched-tokens", "512"]))
+    assert set_.max_num_batched_tokens == 512
+    assert _engine_config(parse(["serve", "--max-prefill-chunk", "0"])).max_prefill_chunk == 0
+    gpu = SimpleNamespace(accelerator=True, dense=False)
+    cpu = SimpleNamespace(accelerator=False, dense=False)
+    assert _step_tokens(gpu, config, 4096, 16) == 8192
+    assert _step_tokens(cpu, config, 4096, 16) == 2048
+    assert _step_tokens(gpu, set_, 4096, 16) == 512
+    dense = SimpleNamespace(accelerator=True, dense=True, dense_bytes_per_token=1024)
+    assert _step_tokens(dense, config, 4096, 16) == (512 << 20) // (4096 * 1024) == 128
+    for bad in ({"max_num_batched_tokens": 0}, {"max_prefill_chunk": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            EngineConfig(**bad)

@@ -34,6 +34,7 @@ class SchedulerConfig:
     max_model_len: int = 4096
     # Tokens per step: decode tokens and prefill chunks together.
     max_num_batched_tokens: int = 2048
+    max_prefill_chunk: int = 0  # one request's prefill tokens per step (0: no extra limit)
     # Prefill tokens per step while any request is decoding (0: no extra limit). Smaller
     # chunks stall the streams for less per step, but more steps carry one.
     prefill_chunk_while_decoding: int = 0
@@ -264,10 +265,11 @@ class Scheduler:
         if self.config.prefill_chunk_while_decoding and decodes:
             budget = min(budget, self.config.prefill_chunk_while_decoding)
         chunks: list[Segment] = []
+        cap = self.config.max_prefill_chunk or budget
         for req in self.running.values():
             if req.status is not RequestStatus.PREFILL or budget <= 0:
                 continue
-            seg = self._chunk(req, budget, len(sampled))
+            seg = self._chunk(req, min(budget, cap), len(sampled))
             if seg is None:
                 continue  # no window pages for it this step
             budget -= seg.num_tokens

@@ -369,6 +369,31 @@ def test_prefill_chunks_shrink_while_streams_decode():
     assert later and max(later) <= 8 and sum(later) == 100
 
 
+def test_one_request_takes_at_most_its_chunk_of_a_step_the_rest_go_to_others():
+    engine, runner = make_engine(True, max_num_batched_tokens=64, max_prefill_chunk=24)
+    prompts = {"long": list(range(1, 51)), **{f"short{i}": [7, i] * 10 for i in range(3)}}
+    params = {
+        rid: SamplingParams(max_tokens=3, ignore_eos=True, seed=i) for i, rid in enumerate(prompts)
+    }
+    for rid, prompt in prompts.items():
+        engine.add_request(prompt, params[rid], rid)
+    tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    first = {s.request_id: s.num_tokens for s in runner.launched[0].segments}
+    # 24 + 20 + 20 = 64: the long prompt's chunk is capped, the budget goes on to the others
+    assert first == {"long": 24, "short0": 20, "short1": 20}
+    chunks = [s.num_tokens for p in runner.launched for s in p.segments if s.request_id == "long"]
+    assert chunks[:3] == [24, 24, 2]
+    for i, (rid, prompt) in enumerate(prompts.items()):
+        assert tokens[rid] == expected_tokens(i, prompt, params[rid])[0], rid
+
+
+def test_random_schedules_with_a_prefill_chunk_cap_stay_exact():
+    run_random_schedule(True, 11, max_num_batched_tokens=24, max_prefill_chunk=7)
+
+
 def test_a_queue_blocked_on_sequences_does_not_break_chains():
     engine, runner = make_engine(True, max_num_seqs=4)
     for i in range(5):
