@@ -24,11 +24,12 @@ log = logging.getLogger("tandem")
 # Per dense layer (runner/layers.py), the gathered history of one step's tokens at full
 # context may take this much: it caps such a model's tokens per step.
 DENSE_GATHER_BYTES = 512 << 20
-# Default tokens per step: on the H100 a B = 256 ramp of 256-token prompts took 8 steps and
-# 0.39 s at 8192 against 34 steps and 0.63 s at 2048 (docs/benchmarks.md); on the CPU a
-# step's prefill is compute that a larger step only makes the decoding streams wait for.
-GPU_STEP_TOKENS = 8192
-CPU_STEP_TOKENS = 2048
+# Default tokens per step: on an H100 a B = 256 ramp of 256-token prompts took 8 steps and
+# 0.39 s at 8192 against 34 steps and 0.63 s at 2048 (docs/benchmarks.md). Elsewhere (the
+# CPU, Metal: not measured) 2048, mlx-lm's prefill step: a step's prefill there is compute
+# that a larger step only makes the decoding streams wait for longer.
+CUDA_STEP_TOKENS = 8192
+STEP_TOKENS = 2048
 
 
 @dataclass
@@ -216,6 +217,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         window=window if window_pages else 0,
         window_pages=window_pages,
     )
+    log.info(
+        "steps of up to %d tokens, a request's prefill chunk up to %d",
+        step_tokens,
+        min(step_tokens, config.max_prefill_chunk or step_tokens),
+    )
     engine = Engine(
         runner,
         sched,
@@ -268,11 +274,11 @@ def _window_pages(config: EngineConfig, window: int, page: int, step_tokens: int
 
 
 def _step_tokens(runner, config: EngineConfig, max_model_len: int, page: int) -> int:
-    """Tokens per step (as set, else a GPU's or the CPU's default); dense layers gather each
+    """Tokens per step (as set, else CUDA's or the others' default); dense layers gather each
     token's history, so for a model with them tokens x context per layer is bounded."""
     step_tokens = config.max_num_batched_tokens
     if step_tokens is None:
-        step_tokens = GPU_STEP_TOKENS if runner.accelerator else CPU_STEP_TOKENS
+        step_tokens = CUDA_STEP_TOKENS if runner.cuda else STEP_TOKENS
     if runner.dense:
         cap = max(page, DENSE_GATHER_BYTES // (max_model_len * runner.dense_bytes_per_token))
         if cap < step_tokens:

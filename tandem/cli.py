@@ -143,8 +143,8 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        help="tokens per step, decodes and prefill chunks together (default 8192 on a GPU, "
-        "2048 on the CPU)",
+        help="tokens per step, decodes and prefill chunks together (default 8192 on CUDA, "
+        "2048 elsewhere)",
     )
     p.add_argument(
         "--max-prefill-chunk",

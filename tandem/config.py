@@ -24,8 +24,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto: float32 (dequantized) on CPU, as stored on GPUs
     max_num_seqs: int = 256
     max_model_len: int | None = None  # default: the model's own context length
-    # Tokens per step, decodes and prefill chunks together (None: 8192 on a GPU, where a
-    # step of many new prompts' chunks beats several smaller steps, 2048 on the CPU).
+    # Tokens per step, decodes and prefill chunks together (None: 8192 on CUDA, where a
+    # step of many new prompts' chunks beats several smaller steps, else 2048).
     max_num_batched_tokens: int | None = None
     # A request's prefill tokens per step (0: up to the whole step budget): a long prompt's
     # chunk attends over its own context, so this bounds that attention's memory (and, with

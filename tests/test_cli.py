@@ -89,7 +89,7 @@ def test_host_thread_is_off_unless_asked():
 
 
 def test_step_budget_defaults_by_device_and_the_chunk_cap_parses():
-    """Tokens per step: 8192 on a GPU, 2048 on the CPU unless set; a dense model's context
+    """Tokens per step: 8192 on CUDA, 2048 elsewhere unless set; a dense model's context
     still caps it; one request's chunk is 2048 unless set."""
     from types import SimpleNamespace
 
@@ -103,12 +103,12 @@ def test_step_budget_defaults_by_device_and_the_chunk_cap_parses():
     set_ = _engine_config(parse(["serve", "--max-num-batched-tokens", "512"]))
     assert set_.max_num_batched_tokens == 512
     assert _engine_config(parse(["serve", "--max-prefill-chunk", "0"])).max_prefill_chunk == 0
-    gpu = SimpleNamespace(accelerator=True, dense=False)
-    cpu = SimpleNamespace(accelerator=False, dense=False)
+    gpu = SimpleNamespace(cuda=True, dense=False)
+    cpu = SimpleNamespace(cuda=False, dense=False)
     assert _step_tokens(gpu, config, 4096, 16) == 8192
     assert _step_tokens(cpu, config, 4096, 16) == 2048
     assert _step_tokens(gpu, set_, 4096, 16) == 512
-    dense = SimpleNamespace(accelerator=True, dense=True, dense_bytes_per_token=1024)
+    dense = SimpleNamespace(cuda=True, dense=True, dense_bytes_per_token=1024)
     assert _step_tokens(dense, config, 4096, 16) == (512 << 20) // (4096 * 1024) == 128
     for bad in ({"max_num_batched_tokens": 0}, {"max_prefill_chunk": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--budgets", default="2048", help="max_num_batched_tokens values to run")
+    p.add_argument("--budgets", default="2048,8192", help="max_num_batched_tokens values to run")
     p.add_argument("--engine-options", default="{}", help="JSON of more engine options")
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument(

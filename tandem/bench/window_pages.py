@@ -57,7 +57,7 @@ def run(llm: Any, prompts: list[list[int]], out_len: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     import tandem.runner  # noqa: F401  (preloads BLAS before mlx)
     from tandem import LLM
-    from tandem.build import _fit_window_group, _window_pages
+    from tandem.build import _fit_window_group, _step_tokens, _window_pages
     from tandem.config import EngineConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             runner.max_window,
         )
         vocab = runner.vocab_size
+        step = _step_tokens(runner, EngineConfig(), probe.max_model_len, 16)  # as build.py
         probe.close()
         if not window:
             raise SystemExit(f"{path}: no sliding-window layer")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         # The group as build.py sizes it (every sequence's window, within half the memory).
         config = EngineConfig(max_num_seqs=args.max_num_seqs)
         nw = args.window_pages or _fit_window_group(
-            config, _window_pages(config, window, page, 2048), window, page, wbytes, memory, 2
+            config, _window_pages(config, window, page, step), window, page, wbytes, memory, 2
         )
         full_tokens = (memory - nw * page * wbytes) // (per_token - wbytes)
         configs = {

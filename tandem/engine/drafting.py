@@ -27,7 +27,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from tandem.engine import speculation
+from tandem.engine import recovery, speculation
 from tandem.engine.plan import DraftQuery
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def draft(
     flight while anyone speculates)."""
     assert sched.proposer is not None
     room = min(sched.max_step_tokens, sched.proposer.max_tokens)
+    cap = recovery.prefill_cap(sched)  # one request's catch-up, as a prefill chunk's
     now: list[DraftQuery] = []
     lazy: list[DraftQuery] = []
     for rid, placeholder in proposals.items():
@@ -97,8 +98,8 @@ def draft(
         pos = req.num_computed  # the last token's position
         start = min(req.spec.draft_len, pos)
         n, k = pos + 1 - start, len(placeholder)
-        if n > room:
-            n, k = room, 0
+        if n > min(room, cap):
+            n, k = min(room, cap), 0
         if n <= 0:
             continue
         room -= n

@@ -30,6 +30,17 @@ def regrow_budget(sched: Scheduler) -> None:
         sched.max_step_tokens = min(sched.config.max_num_batched_tokens, 2 * sched.max_step_tokens)
 
 
+def prefill_cap(sched: Scheduler) -> int:
+    """One request's prefill (or draft catch-up) tokens this step: ``max_prefill_chunk``
+    (0: the whole budget), shrunk in proportion while an OOM has shrunk the step budget, so
+    a long prompt's chunk, the likeliest cause, shrinks with the first halving."""
+    cfg = sched.config
+    budget = sched.max_step_tokens
+    if not cfg.max_prefill_chunk:
+        return budget
+    return max(1, min(budget, cfg.max_prefill_chunk * budget // cfg.max_num_batched_tokens))
+
+
 def recover(sched: Scheduler, failed: Iterable[str], error: str | None, *, oom: bool) -> None:
     """Undo the lost steps' accounting and retract every running request, in order; the
     requests in ``failed`` end with ``error`` instead (kind: resource after an OOM, else

@@ -265,7 +265,7 @@ class Scheduler:
         if self.config.prefill_chunk_while_decoding and decodes:
             budget = min(budget, self.config.prefill_chunk_while_decoding)
         chunks: list[Segment] = []
-        cap = self.config.max_prefill_chunk or budget
+        cap = recovery.prefill_cap(self)
         for req in self.running.values():
             if req.status is not RequestStatus.PREFILL or budget <= 0:
                 continue

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tandem.engine import spec_gain
+from tandem.engine import recovery, spec_gain
 from tandem.engine.plan import Segment
 from tandem.engine.request import Request, RequestStatus
 
@@ -271,7 +271,7 @@ def fit_proposals(
     pages = kv.available() - need
     wpages = kv.window_available() - wneed
     if sched.waiting:  # proposals are optional; the queue's head is not
-        pages -= kv.pages_for(min(sched.waiting[0].num_tokens, sched.max_step_tokens))
+        pages -= kv.pages_for(min(sched.waiting[0].num_tokens, recovery.prefill_cap(sched)))
     out: dict[str, list[int]] = {}
     for req, _ in decodes:
         proposal = proposals.get(req.request_id)

@@ -96,9 +96,9 @@ class ModelRunner:
         if double_buffer is None:
             double_buffer = overlap and mx.default_device() == mx.cpu
         self.double_buffer = double_buffer and not self.state_specs  # (replays 1 write/layer)
-        # A GPU (some engine defaults differ); the loop's automatic host thread
-        # (engine/loop.py) only with such a device apart from the host's cores.
-        self.accelerator = self.host_thread_auto = mx.default_device() != mx.cpu
+        # The automatic host thread (engine/loop.py) only with a device apart from the host.
+        self.host_thread_auto = mx.default_device() != mx.cpu
+        self.cuda = self.host_thread_auto and mx.cuda.is_available()  # (build.py's defaults)
         self.decode_kernel = decode_kernel  # None: decided with the pool (the CPU gathers)
         self.inplace_writes = inplace_writes
         self.head_major = head_major

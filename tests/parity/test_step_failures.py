@@ -55,3 +55,32 @@ def test_a_bug_in_a_step_fails_its_requests_and_the_engine_serves_on(tiny_model_
     outs = llm.generate(PROMPTS, greedy(10))
     for p, o in zip(PROMPTS, outs, strict=True):
         assert o.token_ids == reference(path, p, 10)
+
+
+def test_the_prefill_chunk_cap_holds_and_shrinks_with_the_budget_after_an_oom(tiny_model_dir):
+    """``max_prefill_chunk`` reaches the scheduler from the engine options: no request's
+    chunk exceeds it, other prompts fill the rest of the step, and after an OOM halves the
+    step budget the cap halves with it; tokens stay mlx-lm's."""
+    from tandem.engine import recovery
+
+    path = tiny_model_dir("qwen3")
+    llm = LLM(str(path), check_invariants=True, max_num_batched_tokens=32, max_prefill_chunk=12)
+    sched, runner = llm.engine.scheduler, llm.engine.loop.runner
+    assert sched.config.max_prefill_chunk == 12 and recovery.prefill_cap(sched) == 12
+    chunks: list[list[int]] = []
+    launch = runner.launch
+
+    def record(plan, *args, **kwargs):
+        chunks.append([s.num_tokens for s in plan.segments])
+        return launch(plan, *args, **kwargs)
+
+    runner.launch = record
+    seen = wrap_once(runner, "launch", 4, RuntimeError("[metal::malloc] out of memory"))
+    outs = llm.generate(PROMPTS, greedy(12))
+    assert seen["raised"] == 1
+    for p, o in zip(PROMPTS, outs, strict=True):
+        assert o.token_ids == reference(path, p, 12)
+    assert chunks[0] == [7, 12, 2, 11]  # 41 tokens of the second prompt: 12 a step
+    assert max(max(c) for c in chunks) <= 12
+    assert sched.max_step_tokens == 16 and recovery.prefill_cap(sched) == 6
+    assert max(max(c) for c in chunks[3:]) <= 6  # after the failed 4th launch: 6 at most
