@@ -21,6 +21,12 @@ CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
 )
 OPT_OUT_ENV = "TANDEM_NO_BLAS_PRELOAD"
+# Read by OpenBLAS as it loads, unless set already: its idle worker threads spin (yielding)
+# for 2^28 cycles after each call by default, so on a few cores they take the time MLX's
+# worker and the host's step building need. On our 2-core machines, a random tiny llama at
+# B = 16 decoded 1.46x faster with 2^4 (one `tandem bench offline` run each; the SmolLM2
+# shape unchanged within noise: docs/benchmarks.md, "OpenBLAS's idle spin").
+OPENBLAS_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 
 _loaded: str | None = None
 
@@ -45,6 +51,8 @@ def preload_blas() -> str | None:
     )
     if path is None:
         return None
+    for key, value in OPENBLAS_ENV.items():
+        os.environ.setdefault(key, value)
     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     _loaded = path
     log.info("preloaded optimized BLAS for MLX's CPU backend: %s", path)
