@@ -23,9 +23,9 @@ CANDIDATES = (
 OPT_OUT_ENV = "TANDEM_NO_BLAS_PRELOAD"
 # Read by OpenBLAS as it loads, unless set already: its idle worker threads spin (yielding)
 # for 2^28 cycles after each call by default, so on a few cores they take the time MLX's
-# worker and the host's step building need. On our 2-core machines, a random tiny llama at
-# B = 16 decoded 1.46x faster with 2^4 (one `tandem bench offline` run each; the SmolLM2
-# shape unchanged within noise: docs/benchmarks.md, "OpenBLAS's idle spin").
+# worker and the host's step building need. On our 2-core machines a random tiny llama's
+# B = 16 decode step took 1.9-2.6 ms with 2^4 against 2.9-5.0 (the SmolLM2 shape unchanged
+# within noise; docs/benchmarks.md, "OpenBLAS's idle spin").
 OPENBLAS_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 
 _loaded: str | None = None
