@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tandem.config import EngineConfig
+from tandem.engine import recovery
 from tandem.engine.engine import Engine
 from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.kv_manager import min_window_pages
@@ -217,11 +218,6 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         window=window if window_pages else 0,
         window_pages=window_pages,
     )
-    log.info(
-        "steps of up to %d tokens, a request's prefill chunk up to %d",
-        step_tokens,
-        min(step_tokens, config.max_prefill_chunk or step_tokens),
-    )
     engine = Engine(
         runner,
         sched,
@@ -233,6 +229,11 @@ def build_engine(config: EngineConfig) -> BuiltEngine:
         vocab_size=runner.vocab_size,
         grammar=lambda: GrammarCompiler(tokenizer.hf, runner.vocab_size, tokenizer.eos_token_ids),
         proposer=proposer,
+    )
+    log.info(
+        "steps of up to %d tokens, a request's prefill chunk up to %d",
+        step_tokens,
+        recovery.prefill_cap(engine.scheduler),
     )
     return BuiltEngine(engine, tokenizer, path, max_model_len, model_type)
 
