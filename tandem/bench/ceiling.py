@@ -4,10 +4,10 @@ back what a benchmark phase held before the next loads its own copy."""
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def free() -> None:
@@ -23,32 +23,31 @@ def free() -> None:
     mx.clear_cache()
 
 
-def plain_loop(
-    path: Path, b: int, in_len: int, steps: int, repeats: int, vocab: int, *, prefill: bool
-) -> float:
-    """The fastest decode loop one can write on mlx-lm's model code, as a ceiling: B equal
-    prompts in mlx-lm's own caches, greedy argmax, each step built on the previous step's
-    lazy tokens and submitted (``mx.async_eval``) before the host reads that step's tokens;
-    no scheduling at all. Output tok/s over ``steps`` steps, timed from the first token
-    (``prefill`` False, as the single-stream numbers) or from the start (end to end, as the
-    batched ones)."""
-    from mlx_lm.utils import load
+def side(path: Path, steps: int, *, prefill: bool) -> Callable[[], Callable[[Any], float]]:
+    """The fastest decode loop one can write on mlx-lm's model code, as a ceiling: a side of
+    ``tandem bench offline`` (bench/sides.py). Its run takes one prompt or a batch of equal
+    prompts in mlx-lm's own caches, greedy argmax, each step built on the previous step's lazy
+    tokens and submitted (``mx.async_eval``) before the host reads that step's tokens; no
+    scheduling at all. Output tok/s over ``steps`` tokens, timed from the first token
+    (``prefill`` False, as the single-stream numbers: ``steps - 1`` tokens) or from the start
+    (end to end, as the batched ones)."""
 
-    model = load(str(path))[0]
-    rng = random.Random(b)
-    prompt = [[rng.randrange(10, vocab) for _ in range(in_len)] for _ in range(b)]
+    def loader() -> Callable[[Any], float]:
+        from mlx_lm.utils import load
 
-    def run_once() -> float:
-        t = time.perf_counter()
-        _, t_first = plain_decode(model, prompt, steps)
-        return b * steps / (time.perf_counter() - (t if prefill else t_first))
+        model = load(str(path))[0]
 
-    try:
-        run_once()
-        return statistics.median(run_once() for _ in range(repeats))
-    finally:
-        model = None
-        free()
+        def run(prompts: list[int] | list[list[int]]) -> float:
+            batch = prompts if isinstance(prompts[0], list) else [prompts]
+            t = time.perf_counter()
+            _, t_first = plain_decode(model, batch, steps)  # type: ignore[arg-type]
+            if prefill:
+                return len(batch) * steps / (time.perf_counter() - t)
+            return len(batch) * (steps - 1) / (time.perf_counter() - t_first)
+
+        return run
+
+    return loader
 
 
 _streams: dict = {}  # the loop's stream per device, made once

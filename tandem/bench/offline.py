@@ -7,12 +7,14 @@
 * overlap on vs off for the same build.
 
 Every number is a median over ``repeats`` runs after a warm-up; each batched run has prompts
-of its own. ``--interleave`` (the default on the CPU) loads the sides together and takes
-their runs in turn (bench/sides.py). On a GPU the single stream is interleaved by default
-when three copies of the model fit in a quarter of the device's memory: the host-bound
-single stream's rates drift between phases (on H100s mlx-lm's Qwen3-0.6B shape read 203
-tok/s in one run's phase and 289 in turn with Tandem in a later session's run; Tandem's
-ratio 1.36 and 1.05).
+of its own. ``--ceiling`` adds the plain loop (bench/ceiling.py) as one more side.
+``--interleave`` loads the sides together and takes their runs in turn (bench/sides.py): the
+default on the CPU, and on a GPU where every side's copy of the model fits a quarter of the
+device's memory (the engine's KV pool then holds what the batch needs). A GPU's host-bound
+rates drift between phases: on H100s mlx-lm's Qwen3-0.6B shape read 203 tok/s in one run's
+phase and 289 in turn with Tandem in a later session's run (Tandem's ratio 1.36 and 1.05),
+and in one process the ceiling's B = 256 step took 12.2 to 17.6 ms and Tandem's 10.2 to 15.8
+from one phase to the next (2026-12-07), so a ratio taken phase by phase swung with them.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench import sides
-from tandem.bench.ceiling import free as _free
-from tandem.bench.ceiling import plain_loop
+from tandem.bench.ceiling import side as ceiling_side
 from tandem.bench.shapes import FAMILY_SHAPES, RANDOM_SHAPES, make_model  # noqa: F401 (API)
 
 
@@ -49,6 +50,7 @@ def single_stream(
     prompt: list[int],
     engine_options: dict[str, Any],
     interleave: bool = False,
+    ceiling: bool = False,
 ) -> dict[str, Any]:
     """Decode tok/s of one stream, from its first token to its last (prefill excluded)."""
     import mlx.core as mx
@@ -95,6 +97,8 @@ def single_stream(
         "tandem_tok_s": tandem(True),
         "tandem_no_overlap_tok_s": tandem(False),
     }
+    if ceiling:
+        loaders["ceiling_tok_s"] = ceiling_side(path, n, prefill=False)
     out = _measured(loaders, [prompt] * (repeats + 1), interleave)
     out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
@@ -110,8 +114,10 @@ def batched(
     overlap_too: bool,
     engine_options: dict[str, Any],
     interleave: bool = False,
+    ceiling: bool = False,
 ) -> dict[str, Any]:
     """End-to-end output tok/s of B prompts, EOS ignored; each run its own prompts."""
+    import mlx.core as mx
     from mlx_lm.generate import batch_generate
     from mlx_lm.utils import load
 
@@ -140,6 +146,10 @@ def batched(
         return run
 
     sp = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    if interleave and mx.default_device() != mx.cpu:
+        # Every side loaded at once: the engine's pool holds what the batch needs, not half
+        # the device, so the other sides' caches still fit beside it.
+        engine_options = {"kv_budget_tokens": b * (in_len + out_len + 64), **engine_options}
 
     def tandem(overlap: bool) -> sides.Loader:
         def loader() -> sides.Run:
@@ -159,6 +169,8 @@ def batched(
     loaders = {"mlx_lm_tok_s": mlx_lm, "tandem_tok_s": tandem(True)}
     if overlap_too:
         loaders["tandem_no_overlap_tok_s"] = tandem(False)
+    if ceiling:
+        loaders["ceiling_tok_s"] = ceiling_side(path, out_len, prefill=True)
     sets = sides.prompt_sets(seed=b, count=repeats + 1, b=b, length=in_len, vocab=vocab)
     out = _measured(loaders, sets, interleave)
     if overlap_too:
@@ -169,16 +181,20 @@ def batched(
 def _measured(
     loaders: dict[str, sides.Loader], inputs: list[Any], interleave: bool
 ) -> dict[str, Any]:
-    """The row of one configuration: each side's median rate (mlx-lm's error if it failed:
-    it may not run or batch every family) and Tandem's ratio to mlx-lm."""
-    rates, errors = sides.measure(
-        loaders, inputs, interleave=interleave, optional=frozenset({"mlx_lm_tok_s"})
-    )
+    """The row of one configuration: each side's median rate (the error of mlx-lm's side or
+    the ceiling's if it failed: mlx-lm may not run or batch every family, and either may run
+    out of a device's memory) and Tandem's ratios to them."""
+    optional = frozenset({"mlx_lm_tok_s", "ceiling_tok_s"})
+    rates, errors = sides.measure(loaders, inputs, interleave=interleave, optional=optional)
     out: dict[str, Any] = dict(rates)
     if "mlx_lm_tok_s" in errors:
         out["mlx_lm_error"] = errors["mlx_lm_tok_s"]
     else:
         out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
+    if "ceiling_tok_s" in errors:
+        out["ceiling_error"] = errors["ceiling_tok_s"]
+    elif "ceiling_tok_s" in out:
+        out["of_ceiling"] = out["tandem_tok_s"] / out["ceiling_tok_s"]
     return out
 
 
@@ -216,17 +232,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ceiling",
         action="store_true",
         help="also run the plain-loop ceiling (mlx-lm's caches, argmax, each step built on "
-        "the last one's lazy tokens, no scheduling) in the same process",
+        "the last one's lazy tokens, no scheduling) as one more side",
     )
     p.add_argument(
         "--interleave",
         choices=("auto", "on", "off"),
         default="auto",
-        help="load mlx-lm and Tandem together and take their runs in turn, so the machine's "
-        "drift falls on both alike (auto: on for the CPU, and on a GPU for the single stream "
-        "where three copies of the model fit a quarter of its memory; off keeps one copy of "
-        "the model in memory at a time; on a GPU the engine loaded second sizes its KV pool "
-        "from the memory left after the first)",
+        help="load the sides together and take their runs in turn, so the machine's drift "
+        "falls on all alike (auto: on for the CPU, and on a GPU where every side's copy of "
+        "the model fits a quarter of its memory; off keeps one copy of the model in memory at "
+        "a time)",
     )
     p.add_argument("--json", help="write results here")
 
@@ -257,19 +272,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             opts["kv_double_buffer"] = args.kv_double_buffer == "on"
         opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
+        # auto: on the CPU, and on a GPU where every side's copy of the model (mlx-lm's, two
+        # engines', the ceiling's) fits a quarter of its memory.
         interleave = args.interleave == "on" or (
-            args.interleave == "auto" and mx.default_device().type == mx.cpu
+            args.interleave == "auto"
+            and (mx.default_device().type == mx.cpu or _fits(path, 3 + args.ceiling))
         )
         results["interleaved"] = interleave
-        single_interleave = interleave or (args.interleave == "auto" and _fits_thrice(path))
-        results["single_interleaved"] = single_interleave
         results["single"] = single_stream(
-            path, args.single_tokens, args.repeats, prompt, opts, single_interleave
+            path, args.single_tokens, args.repeats, prompt, opts, interleave, ceiling=args.ceiling
         )
-        _save(args.json, results)
-        if args.ceiling:
-            run = (path, 1, len(prompt), args.single_tokens, args.repeats, vocab)
-            _ceiling(results["single"], *run, prefill=False)
         _report("single stream", results["single"])
         _save(args.json, results)
         for b in [int(x) for x in args.batch_sizes.split(",") if x]:
@@ -283,38 +295,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 overlap_too=b == args.overlap_batch,
                 engine_options=opts,
                 interleave=interleave,
+                ceiling=args.ceiling,
             )
             results[f"batch_{b}"] = r
-            _save(args.json, results)
-            if args.ceiling:
-                run = (path, b, args.input_len, args.output_len, args.repeats, vocab)
-                _ceiling(r, *run, prefill=True)
             _report(f"B={b}", r)
             _save(args.json, results)
     return results
 
 
-def _fits_thrice(path: Path) -> bool:
-    """Whether three copies of the model's weights (mlx-lm's and two engines') take at most
-    a quarter of the device's memory (False where MLX does not report it)."""
+def _fits(path: Path, copies: int) -> bool:
+    """Whether ``copies`` copies of the model's weights (one a side) take at most a quarter
+    of the device's memory (False where MLX does not report it)."""
     import mlx.core as mx
 
     total = mx.device_info().get("memory_size") or mx.device_info().get("total_memory")
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     weights += sum(f.stat().st_size for f in path.glob("*.gguf"))
-    return bool(total) and 3 * weights <= int(total) // 4
-
-
-def _ceiling(row: dict[str, Any], *run: Any, prefill: bool) -> None:
-    """The plain-loop ceiling into ``row``, or the error it raised (out of memory on a
-    device, as mlx-lm's side records its own). The row is saved before: a crash inside MLX
-    keeps it."""
-    try:
-        row["ceiling_tok_s"] = plain_loop(*run, prefill=prefill)
-        row["of_ceiling"] = row["tandem_tok_s"] / row["ceiling_tok_s"]
-    except Exception as e:  # noqa: BLE001 - recorded, as mlx-lm's side
-        row["ceiling_error"] = sides.error_text(e)
-        _free()
+    return bool(total) and copies * weights <= int(total) // 4
 
 
 def _save(path: str | None, results: dict[str, Any]) -> None:

@@ -54,7 +54,8 @@ def test_plain_loop_ceiling_decodes_mlx_lms_greedy_tokens(tiny_model_dir):
     tokens, _ = ceiling.plain_decode(load(str(path))[0], prompts, 10)
     for p, t in zip(prompts, tokens, strict=True):
         assert t == reference(path, p, 10)
-    assert ceiling.plain_loop(path, 2, 16, 8, 1, 400, prefill=True) > 0
+    run = ceiling.side(path, 8, prefill=True)()
+    assert run(prompts[:2]) > 0 and run(prompts[0]) > 0  # a batch, or one prompt
 
 
 def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
@@ -131,19 +132,35 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
     assert "Versions: mlx 9.9" in text
 
 
-def test_a_ceiling_that_fails_is_recorded_not_fatal(monkeypatch) -> None:
+def test_a_ceiling_that_fails_is_recorded_not_fatal() -> None:
     """Out of memory in the plain loop (an 80 GB card) leaves the row's other numbers and
-    says why the ceiling is missing."""
+    says why the ceiling is missing; a ceiling that ran gives Tandem's share of it."""
     from tandem.bench import offline
 
-    def oom(*a, **k):
-        raise RuntimeError("cudaMallocAsync(&data, size, stream) failed: out of memory")
-
-    monkeypatch.setattr(offline, "plain_loop", oom)
-    row = {"tandem_tok_s": 10.0}
-    offline._ceiling(row, "path", 1, 8, 8, 1, 100, prefill=True)
     error = "RuntimeError: cudaMallocAsync(&data, size, stream) failed: out of memory"
-    assert row == {"tandem_tok_s": 10.0, "ceiling_error": error}
+
+    def side(rate: float, fail: bool = False):
+        def load():
+            def run(x: int) -> float:
+                if fail:
+                    raise RuntimeError(error.split(": ", 1)[1])
+                return rate
+
+            return run
+
+        return load
+
+    loaders = {"mlx_lm_tok_s": side(5.0), "tandem_tok_s": side(10.0)}
+    for interleave in (True, False):
+        row = offline._measured({**loaders, "ceiling_tok_s": side(0, True)}, [1, 2], interleave)
+        assert row == {
+            "mlx_lm_tok_s": 5.0,
+            "tandem_tok_s": 10.0,
+            "ratio_vs_mlx_lm": 2.0,
+            "ceiling_error": error,
+        }
+        row = offline._measured({**loaders, "ceiling_tok_s": side(12.5)}, [1, 2], interleave)
+        assert row["ceiling_tok_s"] == 12.5 and row["of_ceiling"] == 0.8
 
 
 def _sides(log: list[str], fail: dict[str, str] | None = None):
@@ -270,13 +287,14 @@ def test_no_side_outlives_its_measurement(interleave, fail) -> None:
         assert at_load == [[], []]
 
 
-def test_single_stream_interleaves_on_a_gpu_only_where_three_copies_fit(tmp_path, monkeypatch):
+def test_sides_interleave_on_a_gpu_only_where_every_copy_fits(tmp_path, monkeypatch):
     import mlx.core as mx
 
     from tandem.bench import offline
 
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
-    for total, fits in ((12_000, True), (11_999, False), (None, False)):
+    for total, fits in ((16_000, True), (15_999, False), (None, False)):
         info = {"architecture": "x"} if total is None else {"memory_size": total}
         monkeypatch.setattr(mx, "device_info", lambda info=info: info)
-        assert offline._fits_thrice(tmp_path) is fits
+        assert offline._fits(tmp_path, 4) is fits
+        assert offline._fits(tmp_path, 3) is (total is not None)
