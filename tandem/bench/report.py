@@ -99,7 +99,7 @@ PROFILES: dict[str, tuple[Entry, ...]] = {
     ),
     "gpu": (
         _offline(
-            "qwen3-0.6b", "Qwen3-0.6B shape, bf16", "16,64,256", (256, 256, 256), 2, "bfloat16"
+            "qwen3-0.6b", "Qwen3-0.6B shape, bf16", "16,64,256", (256, 256, 256), 3, "bfloat16"
         ),
         _offline("qwen3-8b", "Qwen3-8B shape, bf16", "16,64", (128, 128, 128), 2, "bfloat16"),
         _offline(
