@@ -171,6 +171,27 @@ def test_steady_decodes_keep_states_resident_and_exact(family_model_dir, model_t
     assert 1 <= sum(flushes) <= len(flushes) <= 6
 
 
+def test_steps_of_many_calls_write_the_state_pool_in_place(family_model_dir):
+    """A step that runs several calls (prompts of unequal chunks, cut at snapshots) writes
+    each call's states into the pool without copying the pool (on the CPU, MLX's scatter
+    copies a buffer something else still holds): the run's peak stays far below one more
+    pool, and the tokens are mlx-lm's."""
+    import mlx.core as mx
+
+    path = family_model_dir("qwen3_next")
+    llm = LLM(str(path), max_num_batched_tokens=48, overlap=True, check_invariants=True)
+    pool = llm.engine.loop.runner.state_pool
+    assert pool is not None and not pool.inplace  # (the CPU backend)
+    prompts = [[3 + (7 * i + j) % 390 for j in range(20 + 9 * i)] for i in range(4)]
+    llm.generate([[5, 6, 7]], greedy(2))  # (buffers of the first shapes, kernels)
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    outs = llm.generate(prompts, greedy(6))
+    assert mx.get_peak_memory() - base < pool.bytes // 2, (mx.get_peak_memory() - base, pool.bytes)
+    for p, o in zip(prompts, outs, strict=True):
+        assert o.token_ids == reference(path, p, 6)
+
+
 def test_unserved_cache_kinds_are_refused_at_load_naming_layer_and_kind():
     import mlx.core as mx
     import mlx.nn as nn
