@@ -10,6 +10,10 @@ Two ways to take them:
   in memory: the large shapes on a GPU).
 
 Each side's first input warms it up (kernel compilation, buffer growth) and is not counted.
+Interleaved, each run starts from an empty MLX buffer cache: on MLX's CUDA backend the buffers
+the ceiling's run left cached (~48 GB at B = 256 on the Qwen3-0.6B shape) pushed the next
+run's allocations against the memory limit, and Tandem's B = 256 read 0.67 of the ceiling in
+turn with it against 0.80 phase by phase.
 Batched inputs are distinct prompt sets, so no run hits Tandem's prefix cache with a
 previous run's prompts (mlx-lm has none to hit).
 """
@@ -81,6 +85,7 @@ def measure(
         names = list(runs)
         for i, x in enumerate(inputs[1:]):
             for name in names[i % len(names) :] + names[: i % len(names)]:
+                free()  # (no run starts with the buffers another side left cached)
                 take(name, runs[name], x)
                 if name in errors:
                     runs[name] = None  # (a failed side's model goes at once)
