@@ -9,12 +9,16 @@
 Every number is a median over ``repeats`` runs after a warm-up; each batched run has prompts
 of its own. ``--ceiling`` adds the plain loop (bench/ceiling.py) as one more side.
 ``--interleave`` loads the sides together and takes their runs in turn (bench/sides.py): the
-default on the CPU, and on a GPU where every side's copy of the model fits a quarter of the
-device's memory (the engine's KV pool then holds what the batch needs). A GPU's host-bound
-rates drift between phases: on H100s mlx-lm's Qwen3-0.6B shape read 203 tok/s in one run's
-phase and 289 in turn with Tandem in a later session's run (Tandem's ratio 1.36 and 1.05),
-and in one process the ceiling's B = 256 step took 12.2 to 17.6 ms and Tandem's 10.2 to 15.8
-from one phase to the next (2026-12-07), so a ratio taken phase by phase swung with them.
+default on the CPU, and on a GPU for the single stream where every side's copy of the model
+fits a quarter of the device's memory. A GPU's host-bound rates drift between phases: on
+H100s mlx-lm's Qwen3-0.6B shape read 203 tok/s in one run's phase and 289 in turn with
+Tandem in a later session's run (Tandem's ratio 1.36 and 1.05), and in one process the
+ceiling's B = 256 step took 12.2 to 17.6 ms and Tandem's 10.2 to 15.8 from one phase to the
+next (2026-12-07). On a GPU the batches stay phase by phase unless ``--interleave on``:
+interleaved there (the engine's KV pool then holds what the batch needs), one H100 run read
+Tandem's B = 64 at 5,402 tok/s against 8,424 phase by phase and its B = 256 at 0.67 of the
+ceiling against 0.80, mlx-lm's and the ceiling's rates as before (2026-12-07; each run now
+starts from an empty MLX buffer cache, not yet measured there).
 """
 
 from __future__ import annotations
@@ -239,9 +243,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="load the sides together and take their runs in turn, so the machine's drift "
-        "falls on all alike (auto: on for the CPU, and on a GPU where every side's copy of "
-        "the model fits a quarter of its memory; off keeps one copy of the model in memory at "
-        "a time)",
+        "falls on all alike (auto: on for the CPU, and on a GPU for the single stream where "
+        "every side's copy of the model fits a quarter of its memory; off keeps one copy of "
+        "the model in memory at a time)",
     )
     p.add_argument("--json", help="write results here")
 
@@ -272,15 +276,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             opts["kv_double_buffer"] = args.kv_double_buffer == "on"
         opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
-        # auto: on the CPU, and on a GPU where every side's copy of the model (mlx-lm's, two
-        # engines', the ceiling's) fits a quarter of its memory.
-        interleave = args.interleave == "on" or (
-            args.interleave == "auto"
-            and (mx.default_device().type == mx.cpu or _fits(path, 3 + args.ceiling))
-        )
+        # auto: on the CPU; on a GPU the single stream where every side's copy of the model
+        # (mlx-lm's, two engines', the ceiling's) fits a quarter of its memory, the batches
+        # phase by phase (see the module's notes).
+        auto = args.interleave == "auto"
+        interleave = args.interleave == "on" or (auto and mx.default_device().type == mx.cpu)
+        single = interleave or (auto and _fits(path, 3 + args.ceiling))
         results["interleaved"] = interleave
+        results["single_interleaved"] = single
         results["single"] = single_stream(
-            path, args.single_tokens, args.repeats, prompt, opts, interleave, ceiling=args.ceiling
+            path, args.single_tokens, args.repeats, prompt, opts, single, ceiling=args.ceiling
         )
         _report("single stream", results["single"])
         _save(args.json, results)

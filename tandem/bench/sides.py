@@ -10,10 +10,11 @@ Two ways to take them:
   in memory: the large shapes on a GPU).
 
 Each side's first input warms it up (kernel compilation, buffer growth) and is not counted.
-Interleaved, each run starts from an empty MLX buffer cache: on MLX's CUDA backend the buffers
-the ceiling's run left cached (~48 GB at B = 256 on the Qwen3-0.6B shape) pushed the next
-run's allocations against the memory limit, and Tandem's B = 256 read 0.67 of the ceiling in
-turn with it against 0.80 phase by phase.
+Interleaved, each run starts from an empty MLX buffer cache, so none runs against the memory
+limit with buffers another side left cached (the ceiling's B = 256 run on the Qwen3-0.6B shape
+leaves ~48 GB on MLX's CUDA backend): on an H100, interleaved without this, Tandem's B = 256
+read 0.67 of the ceiling against 0.80 phase by phase; the cached buffers are the suspect, not
+yet confirmed (2026-12-07).
 Batched inputs are distinct prompt sets, so no run hits Tandem's prefix cache with a
 previous run's prompts (mlx-lm has none to hit).
 """
