@@ -73,9 +73,11 @@ def plain_decode(model, prompts: list[list[int]], steps: int) -> tuple[list[list
         mx.eval(y)
         t_first = time.perf_counter()
         out = []
-        for _ in range(steps):
-            nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-            mx.async_eval(nxt)
+        for i in range(steps):
+            nxt = None
+            if i + 1 < steps:  # (no forward past the last token: none left in flight)
+                nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+                mx.async_eval(nxt)
             out.append(y.tolist())
             y = nxt
     return [list(col) for col in zip(*out, strict=True)], t_first

@@ -8,17 +8,12 @@
 
 Every number is a median over ``repeats`` runs after a warm-up; each batched run has prompts
 of its own. ``--ceiling`` adds the plain loop (bench/ceiling.py) as one more side.
-``--interleave`` loads the sides together and takes their runs in turn (bench/sides.py): the
-default on the CPU, and on a GPU for the single stream where every side's copy of the model
-fits a quarter of the device's memory. A GPU's host-bound rates drift between phases: on
-H100s mlx-lm's Qwen3-0.6B shape read 203 tok/s in one run's phase and 289 in turn with
-Tandem in a later session's run (Tandem's ratio 1.36 and 1.05), and in one process the
-ceiling's B = 256 step took 12.2 to 17.6 ms and Tandem's 10.2 to 15.8 from one phase to the
-next (2026-12-07). On a GPU the batches stay phase by phase unless ``--interleave on``:
-interleaved there (the engine's KV pool then holds what the batch needs), one H100 run read
-Tandem's B = 64 at 5,402 tok/s against 8,424 phase by phase and its B = 256 at 0.67 of the
-ceiling against 0.80, mlx-lm's and the ceiling's rates as before (2026-12-07; each run now
-starts from an empty MLX buffer cache, not yet measured there).
+``--interleave`` loads the sides together and takes their runs in turn (bench/sides.py), so
+the machine's drift falls on all alike: the default on the CPU, and on a GPU for the single
+stream where every side's copy of the model fits a quarter of the device's memory. A GPU's
+batches stay phase by phase unless ``--interleave on``: interleaved, Tandem's B = 64 and 256
+read far below their phase-by-phase rates on an H100, cause unconfirmed (docs/benchmarks.md,
+twelfth session).
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +51,7 @@ def single_stream(
     engine_options: dict[str, Any],
     interleave: bool = False,
     ceiling: bool = False,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Decode tok/s of one stream, from its first token to its last (prefill excluded)."""
     import mlx.core as mx
@@ -77,8 +74,8 @@ def single_stream(
 
     sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     if interleave and mx.default_device() != mx.cpu:
-        # Two engines beside mlx-lm's model: each pool holds what one stream needs, so the
-        # second engine's weights still fit after the first engine's pool.
+        # Two engines beside mlx-lm's model (and the ceiling's): each pool holds what one
+        # stream needs, so the other copies still fit after the first engine's pool.
         engine_options = {"kv_budget_tokens": 8 * (len(prompt) + n + 64), **engine_options}
 
     def tandem(overlap: bool) -> sides.Loader:
@@ -103,7 +100,7 @@ def single_stream(
     }
     if ceiling:
         loaders["ceiling_tok_s"] = ceiling_side(path, n, prefill=False)
-    out = _measured(loaders, [prompt] * (repeats + 1), interleave)
+    out = _measured(loaders, [prompt] * (repeats + 1), interleave, save)
     out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
 
@@ -119,6 +116,7 @@ def batched(
     engine_options: dict[str, Any],
     interleave: bool = False,
     ceiling: bool = False,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """End-to-end output tok/s of B prompts, EOS ignored; each run its own prompts."""
     import mlx.core as mx
@@ -176,30 +174,41 @@ def batched(
     if ceiling:
         loaders["ceiling_tok_s"] = ceiling_side(path, out_len, prefill=True)
     sets = sides.prompt_sets(seed=b, count=repeats + 1, b=b, length=in_len, vocab=vocab)
-    out = _measured(loaders, sets, interleave)
+    out = _measured(loaders, sets, interleave, save)
     if overlap_too:
         out["overlap_on_off"] = out["tandem_tok_s"] / out["tandem_no_overlap_tok_s"]
     return out
 
 
 def _measured(
-    loaders: dict[str, sides.Loader], inputs: list[Any], interleave: bool
+    loaders: dict[str, sides.Loader],
+    inputs: list[Any],
+    interleave: bool,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The row of one configuration: each side's median rate (the error of mlx-lm's side or
     the ceiling's if it failed: mlx-lm may not run or batch every family, and either may run
-    out of a device's memory) and Tandem's ratios to them."""
+    out of a device's memory) and Tandem's ratios to them; ``save`` gets the row as it
+    grows."""
+
+    def row(rates: dict[str, float], errors: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(rates)
+        for side, key in (("mlx_lm_tok_s", "mlx_lm_error"), ("ceiling_tok_s", "ceiling_error")):
+            if side in errors:
+                out[key] = errors[side]
+        tandem = out.get("tandem_tok_s")
+        if tandem and "mlx_lm_tok_s" in out:
+            out["ratio_vs_mlx_lm"] = tandem / out["mlx_lm_tok_s"]
+        if tandem and "ceiling_tok_s" in out:
+            out["of_ceiling"] = tandem / out["ceiling_tok_s"]
+        return out
+
     optional = frozenset({"mlx_lm_tok_s", "ceiling_tok_s"})
-    rates, errors = sides.measure(loaders, inputs, interleave=interleave, optional=optional)
-    out: dict[str, Any] = dict(rates)
-    if "mlx_lm_tok_s" in errors:
-        out["mlx_lm_error"] = errors["mlx_lm_tok_s"]
-    else:
-        out["ratio_vs_mlx_lm"] = out["tandem_tok_s"] / out["mlx_lm_tok_s"]
-    if "ceiling_tok_s" in errors:
-        out["ceiling_error"] = errors["ceiling_tok_s"]
-    elif "ceiling_tok_s" in out:
-        out["of_ceiling"] = out["tandem_tok_s"] / out["ceiling_tok_s"]
-    return out
+    progress = None if save is None else (lambda r, e: save(row(r, e)))
+    rates, errors = sides.measure(
+        loaders, inputs, interleave=interleave, optional=optional, progress=progress
+    )
+    return row(rates, errors)
 
 
 def _positive(text: str) -> int:
@@ -284,8 +293,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         single = interleave or (auto and _fits(path, 3 + args.ceiling))
         results["interleaved"] = interleave
         results["single_interleaved"] = single
+
+        def saver(key: str) -> Callable[[dict[str, Any]], None]:
+            def save(row: dict[str, Any]) -> None:
+                results[key] = row
+                _save(args.json, results)
+
+            return save
+
         results["single"] = single_stream(
-            path, args.single_tokens, args.repeats, prompt, opts, single, ceiling=args.ceiling
+            path,
+            args.single_tokens,
+            args.repeats,
+            prompt,
+            opts,
+            single,
+            ceiling=args.ceiling,
+            save=saver("single"),
         )
         _report("single stream", results["single"])
         _save(args.json, results)
@@ -301,6 +325,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 engine_options=opts,
                 interleave=interleave,
                 ceiling=args.ceiling,
+                save=saver(f"batch_{b}"),
             )
             results[f"batch_{b}"] = r
             _report(f"B={b}", r)

@@ -10,11 +10,6 @@ Two ways to take them:
   in memory: the large shapes on a GPU).
 
 Each side's first input warms it up (kernel compilation, buffer growth) and is not counted.
-Interleaved, each run starts from an empty MLX buffer cache, so none runs against the memory
-limit with buffers another side left cached (the ceiling's B = 256 run on the Qwen3-0.6B shape
-leaves ~48 GB on MLX's CUDA backend): on an H100, interleaved without this, Tandem's B = 256
-read 0.67 of the ceiling against 0.80 phase by phase; the cached buffers are the suspect, not
-yet confirmed (2026-12-07).
 Batched inputs are distinct prompt sets, so no run hits Tandem's prefix cache with a
 previous run's prompts (mlx-lm has none to hit).
 """
@@ -51,9 +46,12 @@ def measure(
     *,
     interleave: bool,
     optional: frozenset[str] = frozenset(),
+    progress: Callable[[dict[str, float], dict[str, str]], None] | None = None,
 ) -> tuple[dict[str, float], dict[str, str]]:
     """Median rate of each side over ``inputs[1:]`` (``inputs[0]`` is the warm-up), and the
-    errors of the ``optional`` sides that failed (another side's error is raised)."""
+    errors of the ``optional`` sides that failed (another side's error is raised).
+    ``progress`` gets both so far after each phase or round of turns (a crash inside MLX
+    later in the measurement then keeps them)."""
     rates: dict[str, list[float]] = {name: [] for name in loaders}
     errors: dict[str, str] = {}
 
@@ -76,6 +74,13 @@ def measure(
             free()
         return run
 
+    def medians() -> dict[str, float]:
+        return {n: statistics.median(r) for n, r in rates.items() if r and n not in errors}
+
+    def report() -> None:
+        if progress is not None:
+            progress(medians(), dict(errors))
+
     def take(name: str, run: Run | None, x: Any) -> None:
         rate = attempt(name, run, x) if run is not None else None
         if rate is not None:
@@ -86,10 +91,10 @@ def measure(
         names = list(runs)
         for i, x in enumerate(inputs[1:]):
             for name in names[i % len(names) :] + names[: i % len(names)]:
-                free()  # (no run starts with the buffers another side left cached)
                 take(name, runs[name], x)
                 if name in errors:
                     runs[name] = None  # (a failed side's model goes at once)
+            report()
         runs.clear()
         free()
     else:
@@ -99,5 +104,5 @@ def measure(
                 take(name, one, x)
             one = None
             free()
-    medians = {name: statistics.median(r) for name, r in rates.items() if r and name not in errors}
-    return medians, errors
+            report()
+    return medians(), errors

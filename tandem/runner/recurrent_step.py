@@ -25,15 +25,13 @@ def slots(values: list[int]) -> mx.array:
 
 
 def submit_call(runner: ModelRunner, logits: mx.array) -> None:
-    """Where the state pool is written by MLX's scatter (not in place: the CPU), start a
-    call's work (its logits and its writes) before the step's next call is built on it. A
-    scatter updates its buffer in place only where nothing else holds the old buffer when it
-    runs; left to the step's one submission, the next call's scatters found it held and
-    copied it whole (a buffer of every snapshot slot, ~150 MB a layer on the Qwen3.5 tiny
-    shape): 64 prompts of 128 tokens took 28-30 s, 11-14 s of it in the kernel's page
-    faults, against 16.5-17.6 s so (the writes alone without the logits: no better)."""
+    """On the CPU, where the state pool is written by MLX's scatter, start a call's work (its
+    logits and writes) before the step's next call is built on it: a scatter writes in place
+    only where nothing else holds the old buffer when it runs, and with the step submitted
+    whole the next call's scatters copied the pool's buffers (docs/benchmarks.md, twelfth
+    session). Elsewhere (in-place writes on CUDA; Metal, not measured) the step goes as one."""
     sp = runner.state_pool
-    if sp is None or sp.inplace:
+    if sp is None or sp.inplace or mx.default_device() != mx.cpu:
         return
     work = [logits, *(b for layer in sp.bufs for b in layer if b is not None)]
     pool = runner.pool

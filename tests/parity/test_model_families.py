@@ -171,7 +171,7 @@ def test_steady_decodes_keep_states_resident_and_exact(family_model_dir, model_t
     assert 1 <= sum(flushes) <= len(flushes) <= 6
 
 
-def test_steps_of_many_calls_write_the_state_pool_in_place(family_model_dir):
+def test_steps_of_many_calls_write_the_state_pool_without_copying_it(family_model_dir):
     """A step that runs several calls (prompts of unequal chunks, cut at snapshots) writes
     each call's states into the pool without copying the pool (on the CPU, MLX's scatter
     copies a buffer something else still holds): the run's peak stays far below one more

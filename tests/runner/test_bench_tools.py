@@ -159,8 +159,14 @@ def test_a_ceiling_that_fails_is_recorded_not_fatal() -> None:
             "ratio_vs_mlx_lm": 2.0,
             "ceiling_error": error,
         }
-        row = offline._measured({**loaders, "ceiling_tok_s": side(12.5)}, [1, 2], interleave)
+        saved: list[dict] = []
+        with_ceiling = {**loaders, "ceiling_tok_s": side(12.5)}
+        row = offline._measured(with_ceiling, [1, 2], interleave, saved.append)
         assert row["ceiling_tok_s"] == 12.5 and row["of_ceiling"] == 0.8
+        # The row as it grew: after each side's phase, or each round of turns.
+        assert saved[-1] == row
+        if not interleave:
+            assert saved[0] == {"mlx_lm_tok_s": 5.0} and len(saved) == 3
 
 
 def _sides(log: list[str], fail: dict[str, str] | None = None):
@@ -251,8 +257,7 @@ def test_batched_prompt_sets_are_distinct() -> None:
 @pytest.mark.parametrize("fail", [None, "load", "100", "2"])
 def test_no_side_outlives_its_measurement(interleave, fail) -> None:
     """Every side's model (here a stand-in object its run holds) is gone when ``measure``
-    returns, and in phase mode before the next side loads: the next phase, or the ceiling,
-    loads its own copy."""
+    returns, and in phase mode before the next side loads its own copy."""
     import weakref
 
     from tandem.bench import sides
