@@ -130,12 +130,17 @@ def main() -> None:
             elif ph == "sync":
                 mx.synchronize()
                 mem("after synchronize")
-            elif ph == "trim" and RT is not None:
+            elif ph == "trim":
+                if RT is None:
+                    raise SystemExit("trim needs the CUDA runtime (libcudart)")
                 mx.synchronize()
                 pool = ctypes.c_void_p()
                 RT.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), 0)
                 RT.cudaMemPoolTrimTo(pool, ctypes.c_size_t(0))
                 mem("after trim")
+            else:
+                raise SystemExit(f"unknown phase {ph!r} (c, t, ts, sync, trim)")
 
 
-main()
+if __name__ == "__main__":
+    main()
