@@ -30,7 +30,8 @@ class Handle:
     # The plan's draft proposals: all in one array, and each proposing query's indices.
     drafted: tuple[mx.array, list[tuple[str, list[int]]]] | None = None
     draft_failed: bool = False
-    # Built and held back (``launch(submit=False)``): what ``submit`` evaluates.
+    # Built and held back (``launch(submit=False)``): what ``submit`` evaluates (a hybrid's
+    # calls but the last already went on the CPU: recurrent_step.submit_call).
     unsubmitted: list[Any] | None = None
 
     def result(self) -> StepResult:
