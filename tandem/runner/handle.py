@@ -31,7 +31,7 @@ class Handle:
     drafted: tuple[mx.array, list[tuple[str, list[int]]]] | None = None
     draft_failed: bool = False
     # Built and held back (``launch(submit=False)``): what ``submit`` evaluates (a hybrid's
-    # calls but the last already went on the CPU: recurrent_step.submit_call).
+    # model calls already went on the CPU, its sampling not: recurrent_step.submit_call).
     unsubmitted: list[Any] | None = None
 
     def result(self) -> StepResult:
