@@ -67,6 +67,20 @@ def test_tree_shares_whole_pages_splits_edges_and_evicts_lru_leaves():
     alloc.check()
 
 
+def test_eviction_frees_a_64th_of_the_pool_at_least():
+    """Admitting many prompts into a full cache walks the tree once per 64th of the pool,
+    not once per prompt."""
+    alloc = PageAllocator(256)
+    tree = PrefixCache(alloc, 4)
+    for i in range(8):  # eight cached prompts of 2 pages
+        pages = alloc.allocate(2)
+        tree.insert([100 * i + j for j in range(8)], pages)
+        alloc.decref(pages)
+    assert tree.evict(1) == 4 and alloc.num_free == 256 - 16 + 4  # two leaves, LRU first
+    assert tree.match([0, 1, 2, 3], 4) == [] and tree.match([200, 201, 202, 203], 4) != []
+    tree.check()
+
+
 def test_tree_keeps_its_own_pages_and_chains_may_mix_writers():
     alloc = PageAllocator(8)
     tree = PrefixCache(alloc, 4)
