@@ -9,11 +9,11 @@
 Every number is a median over ``repeats`` runs after a warm-up; each batched run has prompts
 of its own. ``--ceiling`` adds the plain loop (bench/ceiling.py) as one more side.
 ``--interleave`` loads the sides together and takes their runs in turn (bench/sides.py), so
-the machine's drift falls on all alike: the default on the CPU, and on a GPU for the single
-stream where every side's copy of the model fits a quarter of the device's memory. A GPU's
-batches stay phase by phase unless ``--interleave on``: interleaved, Tandem's B = 64 and 256
-read far below their phase-by-phase rates on an H100, cause unconfirmed (docs/benchmarks.md,
-twelfth session).
+the machine's drift falls on all alike: the default on the CPU, and on a GPU where every
+side's copy of the model fits a quarter of the device's memory (else phase by phase, one
+copy at a time). Interleaved on a GPU, Tandem's pool holds just what the batch needs; such a
+tight pool once made its ramp 6x slower (every admission evicting, each walking the prefix
+tree: fixed in d298f05), the slowdown the twelfth session saw only interleaved.
 """
 
 from __future__ import annotations
@@ -252,9 +252,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="load the sides together and take their runs in turn, so the machine's drift "
-        "falls on all alike (auto: on for the CPU, and on a GPU for the single stream where "
-        "every side's copy of the model fits a quarter of its memory; off keeps one copy of "
-        "the model in memory at a time)",
+        "falls on all alike (auto: on for the CPU, and on a GPU where every side's copy of "
+        "the model fits a quarter of its memory; off keeps one copy of the model in memory "
+        "at a time)",
     )
     p.add_argument("--json", help="write results here")
 
@@ -285,14 +285,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             opts["kv_double_buffer"] = args.kv_double_buffer == "on"
         opts.update(json.loads(args.engine_options))
         results["engine_options"] = opts
-        # auto: on the CPU; on a GPU the single stream where every side's copy of the model
-        # (mlx-lm's, two engines', the ceiling's) fits a quarter of its memory, the batches
-        # phase by phase (see the module's notes).
+        # auto: on the CPU; on a GPU where every side's copy of the model (mlx-lm's, two
+        # engines', the ceiling's) fits a quarter of its memory.
         auto = args.interleave == "auto"
-        interleave = args.interleave == "on" or (auto and mx.default_device().type == mx.cpu)
-        single = interleave or (auto and _fits(path, 3 + args.ceiling))
+        fits = auto and (mx.default_device().type == mx.cpu or _fits(path, 3 + args.ceiling))
+        interleave = args.interleave == "on" or fits
         results["interleaved"] = interleave
-        results["single_interleaved"] = single
 
         def saver(key: str) -> Callable[[dict[str, Any]], None]:
             def save(row: dict[str, Any]) -> None:
@@ -307,7 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.repeats,
             prompt,
             opts,
-            single,
+            interleave,
             ceiling=args.ceiling,
             save=saver("single"),
         )

@@ -60,10 +60,10 @@ log = logging.getLogger("tandem")
 
 WIDTH_STEP = 8  # page-table width granularity, in pages
 MAX_SHAPES = 64  # traces kept; past it the least recently used is dropped
-# Rows compiled by default where KV writes are in place (CUDA). H100, bf16, one process: a
-# steady 16-row step 6.56 -> 4.86 ms compiled to 64 rows instead of 8 (0.6B shape), 8.44 ->
-# 8.04 (8B); 64 rows 6.26 -> 5.17, 9.80 -> 9.59; 256 rows 7.75 -> 7.53 (docs/benchmarks.md).
-GPU_ROWS = 64
+# Rows compiled by default where KV writes are in place (CUDA). H100, bf16, 0.6B shape, steady
+# steps uncompiled -> compiled: 16 rows 6.56 -> 4.86 ms, 64 rows 6.26 -> 5.17, 256 rows 7.75
+# -> 7.53, 9.86 -> 8.91, 15.38 / 14.18 -> 11.62 / 11.84 (alternating; docs/benchmarks.md).
+GPU_ROWS = 256
 # Rows compiled by default on the CPU, where a C++ compiler builds MLX's fused kernels:
 # the SmolLM2 shape's single stream 1.09x mlx-lm's generate_step compiled against 0.97x not,
 # 4 rows 1.04x against 0.96x; at 16 rows a compiled step was 13-18% slower (its tables,
