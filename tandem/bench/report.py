@@ -92,7 +92,7 @@ PROFILES: dict[str, tuple[Entry, ...]] = {
             2,
             "float32",
         ),
-        _ngram("n-gram speculation, the default model (float32)", 64, 2),
+        _ngram("n-gram speculation, the default model (float32)", 256, 2),
         _hybrid(
             "Qwen3.5 hybrid tiny, oracle proposals half wrong", "qwen3.5-tiny", 128, 3, "float32"
         ),
@@ -113,7 +113,7 @@ PROFILES: dict[str, tuple[Entry, ...]] = {
             2,
             "bfloat16",
         ),
-        _ngram("n-gram speculation, the default model (its 4-bit GGUF)", 128, 3),
+        _ngram("n-gram speculation, the default model (its 4-bit GGUF)", 256, 3),
         _hybrid(
             "Qwen3.5 ~2B hybrid, oracle proposals half wrong (float32 compute)",
             "qwen3.5-2b",
@@ -201,11 +201,14 @@ def render_speculative(d: dict[str, Any]) -> list[str]:
     for r in d.get("rows", []):
         acc = r.get("acceptance")
         same = "yes" if r.get("exact", True) else f"differ from token {r.get('first_diff')}"
+        offs = r.get("backoffs", "")
+        if r.get("resumes"):
+            offs = f"{offs} ({r['resumes']} ended early)"
         rows.append(
             f"| {r['workload']} | {r['streams']} | {r['spec_tokens'] or 'off'} "
             f"| {_fmt(r['tok_s'])} | **{_fmt(r.get('ratio'), 2)}** "
             f"| {'' if acc is None else f'{acc:.0%}'} "
-            f"| {_fmt(r.get('mean_accepted_per_verify'), 2)} | {r.get('backoffs', '')} | {same} |"
+            f"| {_fmt(r.get('mean_accepted_per_verify'), 2)} | {offs} | {same} |"
         )
     return rows
 

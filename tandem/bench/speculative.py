@@ -155,7 +155,13 @@ def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> 
     times, outs = [], []
     stats = llm.engine.scheduler.stats
     gain = llm.engine.scheduler.gain
-    before = (stats.spec_proposed, stats.spec_accepted, stats.spec_verifies, gain.backoffs)
+    before = (
+        stats.spec_proposed,
+        stats.spec_accepted,
+        stats.spec_verifies,
+        gain.backoffs,
+        gain.resumes,
+    )
     for _ in range(repeats):
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
@@ -173,6 +179,8 @@ def run_config(llm, prompts: list[list[int]], max_tokens: int, repeats: int) -> 
         "mean_accepted_per_verify": accepted / verifies if verifies else None,
         # Times speculation turned itself off (its steps slower than plain; spec_gain.py).
         "backoffs": gain.backoffs - before[3],
+        # Of them, those ended early by the proposals made meanwhile (spec_shadow.py).
+        "resumes": gain.resumes - before[4],
         "token_ids": [o.token_ids for o in outs],
     }
 

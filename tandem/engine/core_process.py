@@ -150,6 +150,7 @@ def _stats(engine) -> dict[str, Any]:
                 "spec_accepted_tokens": sched.stats.spec_accepted,
                 "spec_verify_steps": sched.stats.spec_verifies,
                 "spec_backoffs": sched.gain.backoffs,
+                "spec_resumes": sched.gain.resumes,
             }
             if sched.config.speculation.enabled
             else {}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tandem.engine import recovery, speculation
+from tandem.engine import recovery, spec_shadow, speculation
 from tandem.engine.grammar import Matcher, accept_all, fill_masks
 from tandem.engine.plan import Segment, StepPlan, StepResult
 from tandem.engine.request import Request, RequestStatus
@@ -68,6 +68,8 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         reason = _end_reason(req, token)
         if reason is not None:
             sched.finish(req, reason, emit=False)
+        if req.spec is not None:
+            spec_shadow.observe(sched, req, len(plan.sample_request_ids))
         cached, prompt_lps = (None, None) if req.cache_reported else _first_report(req)
         lp = logprobs.get(row) if logprobs else None
         outputs.append(

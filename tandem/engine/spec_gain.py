@@ -117,6 +117,8 @@ class SpecGain:
     STALE = 1.25
     BACKOFF = 32
     MAX_BACKOFF = 1024
+    SHADOW_VERIFIES = 4  # shadow verifies before a back-off may end early
+    SHADOW_MARGIN = 1.1
 
     def __init__(self, min_gain: float) -> None:
         self.min_gain = min_gain
@@ -131,6 +133,12 @@ class SpecGain:
         # step id -> (kind, rows, its rows' mean length), until timed
         self._steps: dict[int, tuple[str, int, float]] = {}
         self._first: set[int] = set()  # batch sizes whose first plain step was seen
+        # The last losing window's gain and tokens per row a step, and the shadow verifies
+        # (count, tokens accepted) since (engine/spec_shadow.py)
+        self.lost = (0.0, 1.0)
+        self.shadow = [0, 0]
+        self.resumes = 0  # back-offs the shadow verifies ended early
+        self.paid = False  # the last window judged paid
 
     @classmethod
     def rate(cls, steps: deque[tuple[int, float, float]]) -> float:
@@ -151,6 +159,40 @@ class SpecGain:
         cap = self.OUTLIER * statistics.median(s for _, s, *_ in self.spec)
         kept = [(t, s, rate) for t, s, rate, *_ in self.spec if s <= cap]
         return sum(t for t, _, _ in kept) / sum(s * rate for _, s, rate in kept)
+
+    @property
+    def paying(self) -> bool:
+        """Whether the last window judged paid (or the engine does not judge): a request's
+        own back-off may end early then (engine/spec_shadow.py). Not before a first window
+        paid: a verify costing 12 plain steps on the fake runner, requests resumed by their
+        shadow verifies ran 11-31% longer than waiting out their back-offs."""
+        return self.min_gain <= 0 or self.paid
+
+    def shadowed(self, proposed: int, accepted: int) -> None:
+        """A request decoding plainly during a back-off would have had ``accepted`` of the
+        ``proposed`` tokens of a verify accepted (engine/spec_shadow.py). Once
+        ``SHADOW_VERIFIES`` are in: a verify costs the same whatever it accepts, so the
+        losing window's gain, scaled by the tokens a row the shadow verifies would have
+        emitted over its own, is what speculating now would give; where that clears
+        ``min_gain`` by ``SHADOW_MARGIN``, the back-off ends."""
+        if self.off_left <= 0:
+            return
+        self.shadow[0] += 1
+        self.shadow[1] += accepted
+        verifies, hits = self.shadow
+        gain, per_row = self.lost
+        if verifies < self.SHADOW_VERIFIES:
+            return
+        now = gain * (1 + hits / verifies) / per_row
+        if now >= self.min_gain * self.SHADOW_MARGIN:
+            self.off_left = 0
+            self.resumes += 1
+            log.info(
+                "speculation back on after a back-off: proposals made meanwhile would have "
+                "emitted %.2f tokens a verify (the losing window's steps %.2f a row)",
+                1 + hits / verifies,
+                per_row,
+            )
 
     def allows(self, rows: int) -> bool:
         """Whether a step may speculate while ``rows`` requests decode (``decoding``)."""
@@ -222,6 +264,10 @@ class SpecGain:
             self.backoff = min(self.MAX_BACKOFF, 2 * self.backoff if self.backoff else self.BACKOFF)
             self.off_left = self.backoff
             self.backoffs += 1
+            self.paid = False
+            # Its tokens per decoding row a step, for the shadow verifies to be weighed against
+            self.lost = (gain, sum(t for t, *_ in self.spec) / sum(b for *_, b in self.spec))
+            self.shadow = [0, 0]
             self.spec.clear()  # the next probe is judged on its own steps
             log.info(
                 "speculation off for %d steps: its steps emitted %.2fx the tokens per second "
@@ -231,3 +277,4 @@ class SpecGain:
             )
         else:
             self.backoff = 0
+            self.paid = gain > self.min_gain  # (steps that verified nothing read 1.0)

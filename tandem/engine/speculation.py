@@ -44,7 +44,7 @@ the new length go back to the pool when the verify step is finalized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tandem.engine import recovery, spec_gain
@@ -139,10 +139,21 @@ class SpecState:
     verifies: int = 0
     # A draft model's KV of this request is valid for positions [0, draft_len).
     draft_len: int = 0
+    # While backed off: the n-gram proposal for output positions from ``shadow_at`` on, and
+    # how many of them the plain tokens matched so far (engine/spec_shadow.py).
+    shadow: list[int] = field(default_factory=list)
+    shadow_at: int = 0
+    shadow_hits: int = 0
 
     @property
     def active(self) -> bool:
         return self.plain_left <= 0
+
+    def shadowed(self, proposed: int, accepted: int, ready: bool) -> None:
+        """A shadow verify would have accepted ``accepted`` of ``proposed``: at least half
+        ends the back-off where a proposal is ``ready`` (its length stays, for the next)."""
+        if ready and 2 * accepted >= proposed and self.plain_left > 0:
+            self.plain_left = self.failures = 0
 
     def record(self, cfg: SpecConfig, proposed: int, accepted: int) -> None:
         """A verify of ``proposed`` tokens accepted ``accepted`` of them."""

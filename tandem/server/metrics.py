@@ -74,6 +74,11 @@ ENGINE_COUNTERS = {
         "Times speculation turned itself off for a while: its steps emitted fewer tokens per "
         "second than plain decoding's at the same batch",
     ),
+    "spec_resumes": (
+        "tandem_spec_resumes",
+        "Times speculation came back before its back-off ran out: proposals made meanwhile "
+        "would have been accepted enough to pay",
+    ),
     "oom_recoveries": (
         "tandem_engine_oom_recoveries",
         "Steps that ran out of device memory and were retried smaller",

@@ -24,6 +24,7 @@ STATS = {
     "spec_accepted_tokens": 30,
     "spec_verify_steps": 10,
     "spec_backoffs": 1,
+    "spec_resumes": 1,
     "engine_steps": 300,
     "engine_step_seconds": 1.5,
     "engine_cpu_seconds": 2.25,

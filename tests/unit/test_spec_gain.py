@@ -94,6 +94,24 @@ def test_losing_speculation_backs_off_doubling_and_resets_when_it_pays():
     assert gain.backoff == 0 and gain.gain == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize(("accepted", "ends"), [(4, True), (1, False)])
+def test_shadow_verifies_weigh_the_losing_window_against_what_they_would_accept(accepted, ends):
+    """A window of 4 rows emitting 8 tokens a step (2 a row) in 3 plain steps' time lost
+    (0.67x). Shadow verifies accepting 4 of 4 (5 tokens a row) would have given 1.67x: the
+    back-off ends after SHADOW_VERIFIES of them; accepting 1 (2 a row, as the window did)
+    would not have paid, and it runs on."""
+    gain = SpecGain(1.0)
+    _run(gain, [(PLAIN, 4, 0.01)] * (G.PLAIN_SAMPLES + 1))
+    _run(gain, [(SPEC, 8, 0.03)] * G.WINDOW)
+    assert gain.off_left == G.BACKOFF
+    for _ in range(G.SHADOW_VERIFIES - 1):
+        gain.shadowed(4, accepted)
+    assert gain.off_left == G.BACKOFF  # (too few to weigh)
+    gain.shadowed(4, accepted)
+    assert (gain.off_left == 0) is ends and gain.resumes == int(ends)
+    assert gain.backoff == G.BACKOFF  # a next loss doubles it as before
+
+
 def test_a_few_slow_first_steps_do_not_turn_it_off():
     """The first steps of a new shape wait for MLX to compile kernels: steps over 10x the
     window's median time are left out."""

@@ -14,7 +14,13 @@ from tandem.engine.engine import Engine
 from tandem.engine.scheduler import SchedulerConfig
 from tandem.engine.speculation import NgramIndex, SpecConfig, SpecState, accepted_tokens
 from tandem.sampling_params import SamplingParams
-from tandem.testing.fake_runner import FakeDraft, FakeRunner, copying_token, fake_tokens
+from tandem.testing.fake_runner import (
+    FakeDraft,
+    FakeRunner,
+    copying_token,
+    fake_token,
+    fake_tokens,
+)
 
 P = 4
 
@@ -64,6 +70,18 @@ def test_back_off_after_failures_doubles():
     s.record(cfg, 4, 1)  # any acceptance resets the count
     s.record(cfg, 4, 0)
     assert s.active
+
+
+def test_a_shadow_verify_that_would_have_paid_ends_the_back_off():
+    cfg = SpecConfig(num_tokens=4, patience=1, backoff=16)
+    s = SpecState(NgramIndex(1, 2))
+    s.record(cfg, 4, 0)
+    assert s.plain_left == 16
+    s.shadowed(4, 1, ready=True)  # a quarter: the back-off runs on
+    s.shadowed(4, 4, ready=False)  # nothing to propose next: it runs on too
+    assert s.plain_left == 16
+    s.shadowed(4, 2, ready=True)
+    assert s.active and s.next_backoff == 16  # (the next back-off keeps its length)
 
 
 # ---- the engine on the fake runner --------------------------------------------------------
@@ -403,6 +421,38 @@ def test_a_useless_proposer_makes_new_requests_start_backed_off():
         assert got[f"r{i}"] == expected(i, prompt, 40)
     assert sched.stats.spec_accepted > 0
     assert sched.acceptance.rate > sched.config.speculation.min_acceptance
+
+
+PREAMBLE, PROMPT = 30, 40
+
+
+def preamble_then_copy(seed: int, history) -> int:
+    """A rewrite: ``PREAMBLE`` tokens the ``PROMPT``-token prompt does not hold, then the
+    prompt copied from its start."""
+    j = len(history) - PROMPT  # the output position
+    return history[(j - PREAMBLE) % PROMPT] if j >= PREAMBLE else fake_token(seed, history)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_shadow_proposals_end_a_back_off_where_the_output_starts_copying(overlap, monkeypatch):
+    """The preamble's failed verifies back the request off (doubling); once the output copies
+    its prompt, the n-gram proposals made meanwhile (shadow verifies) would be accepted in
+    full, which ends the back-off: fewer steps than waiting it out, the same tokens."""
+    from tandem.engine import spec_shadow
+
+    steps = {}
+    for shadow in (True, False):
+        if not shadow:
+            monkeypatch.setattr(spec_shadow, "observe", lambda *a: None)
+        engine, runner = engine_for(
+            overlap, speculation=SpecConfig(num_tokens=4, max_batch=8, patience=2, backoff=8)
+        )
+        runner.token_fn = preamble_then_copy
+        prompt = [random.Random(3).randrange(1, 1000) for _ in range(PROMPT)]
+        got, _ = drive(engine, {0: [("a", prompt, 1, PREAMBLE + 90)]})
+        assert got["a"] == fake_tokens(1, prompt, PREAMBLE + 90, preamble_then_copy)
+        steps[shadow] = len(runner.launched)
+    assert steps[True] < steps[False] - 10, steps
 
 
 # ---- models with recurrent layers: a verify's backup and the replay -------------------------

@@ -1,0 +1,71 @@
+"""Shadow proposals: what n-gram speculation would have accepted while it was backed off.
+
+A back-off (a request's after ``patience`` verifies that accepted nothing, or the engine's
+after a window of speculating steps that emitted less than plain ones: engine/spec_gain.py)
+is blind: it decodes plainly for its length whatever the output does meanwhile. An agent's
+rewrite of a file starts with a preamble the prompt does not hold (proposals fail, speculation
+backs off) and then copies the file, where proposals would be accepted in full; a blind
+back-off decodes that stretch plainly. (The default model on the CPU, rewriting a 1,000-token
+source file, 256 tokens at K = 8: speculation was off engine-wide for 96 of ~256 steps,
+1.69x plain; docs/benchmarks.md.)
+
+An n-gram proposal costs a dictionary lookup, so while a request decodes plainly with
+speculation backed off it still proposes, and the tokens it then decodes tell what a verify
+would have accepted (the same rule: the proposals up to the first that differs; the next
+proposal follows the token a verify would have added). Each such *shadow verify*:
+- ends the request's own back-off where it would have accepted at least half its proposal;
+- counts towards the engine's acceptance rate (new requests start backed off while it is low);
+- while the engine's back-off runs, is weighed against the acceptance of the window that
+  started it: the step times of that window, scaled by the tokens per verify the shadow
+  verifies would have emitted, either pay, and speculation resumes, or the back-off runs on
+  (``SpecGain.shadowed``).
+
+Only the n-gram proposer shadows (a draft model's proposals cost a forward), and only while
+the step's rows are at most ``max_batch`` (above it speculation is off for the batch size, and
+a lookup a row would be host work for nothing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tandem.engine import speculation
+
+if TYPE_CHECKING:
+    from tandem.engine.request import Request
+    from tandem.engine.scheduler import Scheduler
+
+
+def observe(sched: Scheduler, req: Request, rows: int) -> None:
+    """``req`` decoded a token plainly (its last output token) in a step of ``rows``
+    sampled rows: settle its shadow proposal, and make the next one while it stays backed
+    off."""
+    spec, cfg = req.spec, sched.config.speculation
+    if spec is None or cfg.draft or rows > cfg.max_batch:
+        return
+    if req.finished:
+        spec.shadow = []
+        return
+    pos = len(req.output_token_ids) - 1  # the token's index in the output
+    settled = None
+    if spec.shadow:
+        hits = spec.shadow_hits
+        if spec.shadow_at + hits != pos:  # (a verify or a retraction came between)
+            spec.shadow = []
+        elif hits < len(spec.shadow) and req.output_token_ids[pos] == spec.shadow[hits]:
+            spec.shadow_hits += 1
+            return
+        else:  # it differs (the token a verify adds), or follows the whole proposal
+            settled = len(spec.shadow), hits
+            spec.shadow = []
+    backed_off = not spec.active or sched.gain.off_left > 0
+    proposal = speculation.propose(req, cfg) if backed_off else []
+    if settled is not None:
+        # A request resumes only with a proposal in hand (after the token a verify adds, a
+        # random model's history often has none, and each step without one is a failure),
+        # and while the engine's last judged window paid (else its back-off guards it too).
+        spec.shadowed(*settled, ready=bool(proposal) and sched.gain.paying)
+        sched.acceptance.record(*settled)
+        sched.gain.shadowed(*settled)
+    if proposal and (not spec.active or sched.gain.off_left > 0):
+        spec.shadow, spec.shadow_at, spec.shadow_hits = proposal, pos + 1, 0
