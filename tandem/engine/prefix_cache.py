@@ -32,6 +32,10 @@ from tandem.engine.state_slots import Snapshots
 _clock = itertools.count(1)
 
 
+# Most pages an eviction frees beyond what it was asked for (``PrefixCache.evict``).
+EVICT_BATCH = 256
+
+
 @dataclass(eq=False)
 class Node:
     tokens: tuple[int, ...] = ()
@@ -254,10 +258,11 @@ class PrefixCache:
 
     def evict(self, want: int) -> int:
         """Free at least ``want`` pages (fewer if the tree cannot), least recently used
-        unlocked leaves first; returns the pages freed. Frees a 64th of the pool at least,
-        so admitting many prompts into a full cache walks it a few times, not once a prompt
-        (256 prompts of 16 pages: 0.4 s of walks)."""
-        want = max(want, self.alloc.num_pages // 64)
+        unlocked leaves first; returns the pages freed. Frees a 64th of the pool (at most
+        ``EVICT_BATCH`` pages) at least, so admitting many prompts into a full cache walks it
+        a few times, not once a prompt (256 prompts of 16 pages: 0.4 s of walks), and a big
+        pool does not lose thousands of cached pages to one page's need."""
+        want = max(want, min(self.alloc.num_pages // 64, EVICT_BATCH))
         heap = [(n.last_access, id(n), n) for n in self._nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)
         freed = 0

@@ -44,6 +44,7 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         accepted = {row: ok for (row, _, _), ok in zip(guided, verdicts, strict=True)}
     # (Per row and step: the common row's checks are kept to plain attribute tests.)
     finished = RequestStatus.FINISHED
+    shadowing = spec_shadow.applies(sched, plan)
     logprobs = result.logprobs
     for row, (rid, token) in enumerate(zip(plan.sample_request_ids, result.tokens, strict=True)):
         req = sched.running[rid]
@@ -68,8 +69,8 @@ def apply(sched: Scheduler, plan: StepPlan, result: StepResult) -> list[EngineOu
         reason = _end_reason(req, token)
         if reason is not None:
             sched.finish(req, reason, emit=False)
-        if req.spec is not None:
-            spec_shadow.observe(sched, req, len(plan.sample_request_ids))
+        if shadowing and req.spec is not None:
+            spec_shadow.observe(sched, req)
         cached, prompt_lps = (None, None) if req.cache_reported else _first_report(req)
         lp = logprobs.get(row) if logprobs else None
         outputs.append(

@@ -133,10 +133,10 @@ class SpecGain:
         # step id -> (kind, rows, its rows' mean length), until timed
         self._steps: dict[int, tuple[str, int, float]] = {}
         self._first: set[int] = set()  # batch sizes whose first plain step was seen
-        # The last losing window's gain and tokens per row a step, and the shadow verifies
-        # (count, tokens accepted) since (engine/spec_shadow.py)
+        # The last losing window's gain and tokens per row a step, and the tokens the latest
+        # shadow verifies since would have accepted (engine/spec_shadow.py)
         self.lost = (0.0, 1.0)
-        self.shadow = [0, 0]
+        self.shadow: deque[int] = deque(maxlen=self.SHADOW_VERIFIES)
         self.resumes = 0  # back-offs the shadow verifies ended early
         self.paid = False  # the last window judged paid
 
@@ -170,27 +170,27 @@ class SpecGain:
 
     def shadowed(self, proposed: int, accepted: int) -> None:
         """A request decoding plainly during a back-off would have had ``accepted`` of the
-        ``proposed`` tokens of a verify accepted (engine/spec_shadow.py). Once
-        ``SHADOW_VERIFIES`` are in: a verify costs the same whatever it accepts, so the
-        losing window's gain, scaled by the tokens a row the shadow verifies would have
-        emitted over its own, is what speculating now would give; where that clears
-        ``min_gain`` by ``SHADOW_MARGIN``, the back-off ends."""
+        ``proposed`` tokens of a verify accepted (engine/spec_shadow.py). Over the last
+        ``SHADOW_VERIFIES`` (the output's latest stretch: a rewrite's preamble fails, the
+        copy after it does not): a verify costs the same whatever it accepts, so the losing
+        window's gain, scaled by the tokens a row they would have emitted over its own, is
+        what speculating now would give; where that clears ``min_gain`` by
+        ``SHADOW_MARGIN``, the back-off ends."""
         if self.off_left <= 0:
             return
-        self.shadow[0] += 1
-        self.shadow[1] += accepted
-        verifies, hits = self.shadow
-        gain, per_row = self.lost
-        if verifies < self.SHADOW_VERIFIES:
+        self.shadow.append(accepted)
+        if len(self.shadow) < self.SHADOW_VERIFIES:
             return
-        now = gain * (1 + hits / verifies) / per_row
+        gain, per_row = self.lost
+        tokens = 1 + sum(self.shadow) / len(self.shadow)
+        now = gain * tokens / per_row
         if now >= self.min_gain * self.SHADOW_MARGIN:
             self.off_left = 0
             self.resumes += 1
             log.info(
                 "speculation back on after a back-off: proposals made meanwhile would have "
                 "emitted %.2f tokens a verify (the losing window's steps %.2f a row)",
-                1 + hits / verifies,
+                tokens,
                 per_row,
             )
 
@@ -267,7 +267,7 @@ class SpecGain:
             self.paid = False
             # Its tokens per decoding row a step, for the shadow verifies to be weighed against
             self.lost = (gain, sum(t for t, *_ in self.spec) / sum(b for *_, b in self.spec))
-            self.shadow = [0, 0]
+            self.shadow.clear()
             self.spec.clear()  # the next probe is judged on its own steps
             log.info(
                 "speculation off for %d steps: its steps emitted %.2fx the tokens per second "

@@ -32,18 +32,26 @@ from typing import TYPE_CHECKING
 from tandem.engine import speculation
 
 if TYPE_CHECKING:
+    from tandem.engine.plan import StepPlan
     from tandem.engine.request import Request
     from tandem.engine.scheduler import Scheduler
 
 
-def observe(sched: Scheduler, req: Request, rows: int) -> None:
-    """``req`` decoded a token plainly (its last output token) in a step of ``rows``
-    sampled rows: settle its shadow proposal, and make the next one while it stays backed
-    off."""
-    spec, cfg = req.spec, sched.config.speculation
-    if spec is None or cfg.draft or rows > cfg.max_batch:
-        return
-    if req.finished:
+def applies(sched: Scheduler, plan: StepPlan) -> bool:
+    """Whether a finalized step's plain rows shadow: n-gram speculation, and at most
+    ``max_batch`` requests sampled in it (a verify is one request of several rows)."""
+    cfg = sched.config.speculation
+    if not cfg.enabled or cfg.draft:
+        return False
+    return sum(s.sample_row >= 0 for s in plan.segments) <= cfg.max_batch
+
+
+def observe(sched: Scheduler, req: Request) -> None:
+    """``req`` decoded a token plainly (its last output token): settle its shadow proposal,
+    and make the next one while it stays backed off."""
+    spec, gain = req.spec, sched.gain
+    assert spec is not None
+    if req.finished or spec.cold:  # (a cold start has not indexed its prompt: it waits)
         spec.shadow = []
         return
     pos = len(req.output_token_ids) - 1  # the token's index in the output
@@ -58,14 +66,25 @@ def observe(sched: Scheduler, req: Request, rows: int) -> None:
         else:  # it differs (the token a verify adds), or follows the whole proposal
             settled = len(spec.shadow), hits
             spec.shadow = []
-    backed_off = not spec.active or sched.gain.off_left > 0
-    proposal = speculation.propose(req, cfg) if backed_off else []
+    backed_off = not spec.active or gain.off_left > 0
+    if not backed_off:
+        if settled is not None:
+            sched.acceptance.record(*settled)
+        return
+    proposal = speculation.propose(req, sched.config.speculation)
     if settled is not None:
         # A request resumes only with a proposal in hand (after the token a verify adds, a
         # random model's history often has none, and each step without one is a failure),
         # and while the engine's last judged window paid (else its back-off guards it too).
-        spec.shadowed(*settled, ready=bool(proposal) and sched.gain.paying)
+        spec.shadowed(*settled, ready=bool(proposal) and gain.paying)
         sched.acceptance.record(*settled)
-        sched.gain.shadowed(*settled)
-    if proposal and (not spec.active or sched.gain.off_left > 0):
+    if spec.active:
+        # The engine's back-off weighs the requests that would speculate once it ends: a
+        # token with nothing to propose counts as a verify that accepts nothing (a real
+        # one's row would emit just that token).
+        if settled is not None:
+            gain.shadowed(*settled)
+        elif not proposal:
+            gain.shadowed(0, 0)
+    if proposal and (not spec.active or gain.off_left > 0):
         spec.shadow, spec.shadow_at, spec.shadow_hits = proposal, pos + 1, 0

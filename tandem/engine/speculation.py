@@ -98,6 +98,17 @@ class NgramIndex:
         self.last: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this index are in ``last``
 
+    def follow(self, prompt: list[int], output: list[int]) -> None:
+        """``extend`` with a request's history, kept in the index's own list and appended
+        to (its output only grows), instead of a copy of it every call: a backed-off request
+        proposes on every plain token (engine/spec_shadow.py), and a 32k history is a 32k
+        copy."""
+        toks = self.tokens
+        if not toks:
+            toks = self.tokens = list(prompt)
+        toks += output[len(toks) - len(prompt) :]
+        self.extend(toks)
+
     def extend(self, tokens: list[int]) -> None:
         """Catch up with ``tokens`` (the request's whole history, which only grows), at most
         ``INDEX_PER_CALL`` positions a call: a long prompt is indexed over several steps (its
@@ -144,6 +155,7 @@ class SpecState:
     shadow: list[int] = field(default_factory=list)
     shadow_at: int = 0
     shadow_hits: int = 0
+    cold: bool = False  # started backed off, and not proposed since (no index yet)
 
     @property
     def active(self) -> bool:
@@ -168,6 +180,7 @@ class SpecState:
         self._outcome(cfg, False)
 
     def _outcome(self, cfg: SpecConfig, hit: bool) -> None:
+        self.cold = False
         self.failures = 0 if hit else self.failures + 1
         if self.failures >= cfg.patience:
             self.failures = 0
@@ -217,6 +230,7 @@ def new_state(cfg: SpecConfig, recent: Acceptance | None = None) -> SpecState:
         # Backed off from the start, and one failed verify (not ``patience``) after it
         # backs off again: a probe costs one verify while nothing is being accepted.
         state.plain_left = state.next_backoff = cfg.cold_backoff
+        state.cold = True
         state.failures = cfg.patience - 1
         recent.cold_start()
     return state
@@ -231,7 +245,7 @@ def propose(req, cfg: SpecConfig) -> list[int]:
         return []
     if cfg.draft:  # placeholders: the draft fills them in once pages are allocated
         return [0] * k
-    req.spec.index.extend(req.token_ids())
+    req.spec.index.follow(req.prompt_token_ids, req.output_token_ids)
     return trim(req, req.spec.index.propose(k))
 
 
