@@ -216,22 +216,30 @@ def render_speculative(d: dict[str, Any]) -> list[str]:
 RENDER = {"offline": render_offline, "speculative": render_speculative}
 
 
+def _commit(env: dict[str, Any]) -> str:
+    tandem = env.get("tandem") or {}
+    dirty = " (dirty)" if tandem.get("dirty") else ""
+    return (tandem.get("git_commit") or "unknown")[:12] + dirty
+
+
 def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) -> str:
     """The summary of every JSON in ``out``; its machine and versions are those its entries
     ran on (``environment.json``, written by the last call that ran one), not the renderer's:
-    entries of one folder are meant to come from one machine and commit (rerun them all,
-    ``--again``, after either changes)."""
+    entries of one folder are meant to come from one machine (rerun them all, ``--again``,
+    after it changes). Where they come from several commits (``--only``), each table names
+    its own."""
     saved = out / "environment.json"
     env = json.loads(saved.read_text()) if saved.exists() else provenance.environment()
-    tandem = env.get("tandem") or {}
-    commit = (tandem.get("git_commit") or "unknown")[:12] + (
-        " (dirty)" if tandem.get("dirty") else ""
-    )
+    commits = env.get("entry_commits") or {}
+    mixed = len(set(commits.values())) > 1
+    at = f"Commit `{_commit(env)}`"
+    if mixed:
+        at = f"Commits per table (the latest run at `{_commit(env)}`)"
     where = env.get("gpu") or f"{env.get('platform')}, {env.get('cpu_count')} CPUs"
     lines = [
         f"# Benchmark summary: {machine}",
         "",
-        f"Commit `{commit}`, {env.get('date') or time.strftime('%Y-%m-%d')}; {where}",
+        f"{at}, {env.get('date') or time.strftime('%Y-%m-%d')}; {where}",
         "",
         f"Made by `tandem bench report --machine {machine} --out {out}` (tandem/bench/report.py);",
         "each table's command is under it, its JSON and log beside this file.",
@@ -248,6 +256,8 @@ def render(machine: str, out: Path, runs: list[dict[str, Any]] | None = None) ->
         lines += RENDER[entry.kind](json.loads(path.read_text()))
         shown = command(entry, Path("OUT"), Path("MODELS"))[3:]
         lines += ["", "    " + " ".join(["tandem", *shown])]
+        if mixed:
+            lines += ["", f"At `{commits.get(entry.name, 'unknown')}`."]
     if runs:
         lines += ["", "## This run", "", "| entry | exit | seconds |", "|---|---|---:|"]
         lines += [f"| {r['name']} | {r['rc']} | {r['seconds']} |" for r in runs]
@@ -263,6 +273,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per entry")
 
 
+def _environment(out: Path, names: set[str]) -> dict[str, Any]:
+    """This run's environment, with the commits of the entries it keeps from earlier runs
+    (those of an ``environment.json`` from before they were recorded: its own commit)."""
+    saved = out / "environment.json"
+    old = json.loads(saved.read_text()) if saved.exists() else {}
+    commits = dict(old.get("entry_commits") or {})
+    for name in sorted(names):
+        if old and name not in commits and (out / f"{name}.json").exists():
+            commits[name] = _commit(old)
+    return {**provenance.environment(), "date": time.strftime("%Y-%m-%d"), "entry_commits": commits}
+
+
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -274,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"unknown entries {sorted(unknown)}; {args.machine} has {sorted(names)}")
         return 2
     runs: list[dict[str, Any]] = []
+    env: dict[str, Any] | None = None
     if not args.render:
         for entry in entries:
             if entry.name not in only:
@@ -281,9 +304,10 @@ def main(args: argparse.Namespace) -> int:
             if (out / f"{entry.name}.json").exists() and not args.again:
                 continue
             print(f"== {entry.name}", flush=True)
-            if not runs:
-                env = {**provenance.environment(), "date": time.strftime("%Y-%m-%d")}
-                (out / "environment.json").write_text(json.dumps(env, indent=2))
+            if env is None:
+                env = _environment(out, names)
+            env["entry_commits"][entry.name] = _commit(env)
+            (out / "environment.json").write_text(json.dumps(env, indent=2))
             runs.append(run_entry(entry, out, args.timeout))
             print(f"   {runs[-1]}", flush=True)
     (out / "README.md").write_text(render(args.machine, out, runs))

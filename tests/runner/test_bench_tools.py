@@ -130,6 +130,17 @@ def test_every_report_entry_is_a_valid_bench_command(tmp_path) -> None:
     text = report.render("cpu", tmp_path)
     assert "Commit `0123456789ab`, 2026-12-05; NVIDIA H100 80GB HBM3" in text
     assert "Versions: mlx 9.9" in text
+    # An entry rerun alone (--only) at another commit: the others keep the one they ran at.
+    (tmp_path / "environment.json").write_text(json.dumps(env))
+    later = report._environment(tmp_path, {"offline-tiny", "spec-ngram", "offline-smollm2"})
+    assert later["entry_commits"] == {"offline-tiny": "0123456789ab", "spec-ngram": "0123456789ab"}
+    later["entry_commits"]["spec-ngram"] = "fedcba987654"
+    (tmp_path / "environment.json").write_text(
+        json.dumps({**env, "entry_commits": later["entry_commits"]})
+    )
+    text = report.render("cpu", tmp_path)
+    assert "Commits per table (the latest run at `0123456789ab`)" in text
+    assert "At `0123456789ab`." in text and "At `fedcba987654`." in text
 
 
 def test_a_ceiling_that_fails_is_recorded_not_fatal() -> None:
