@@ -13,16 +13,20 @@ An n-gram proposal costs a dictionary lookup, so while a request decodes plainly
 speculation backed off it still proposes, and the tokens it then decodes tell what a verify
 would have accepted (the same rule: the proposals up to the first that differs; the next
 proposal follows the token a verify would have added). Each such *shadow verify*:
-- ends the request's own back-off where it would have accepted at least half its proposal;
+- ends the request's own back-off where it would have accepted at least half its proposal,
+  it has a proposal to verify next, and the engine's last judged window paid
+  (``SpecGain.paying``);
 - counts towards the engine's acceptance rate (new requests start backed off while it is low);
-- while the engine's back-off runs, is weighed against the acceptance of the window that
-  started it: the step times of that window, scaled by the tokens per verify the shadow
-  verifies would have emitted, either pay, and speculation resumes, or the back-off runs on
+- while the engine's back-off runs (of requests not backed off on their own; a token with
+  nothing to propose counts as a verify accepting nothing), the latest few are weighed
+  against the window that started it: its step times, scaled by the tokens a row they would
+  have emitted, either pay, and speculation resumes, or the back-off runs on
   (``SpecGain.shadowed``).
 
-Only the n-gram proposer shadows (a draft model's proposals cost a forward), and only while
-the step's rows are at most ``max_batch`` (above it speculation is off for the batch size, and
-a lookup a row would be host work for nothing).
+Only the n-gram proposer shadows (a draft model's proposals cost a forward), only in steps of
+at most ``max_batch`` requests (above it speculation is off for the batch size, and a lookup
+a row would be host work for nothing), and not a request that started backed off (a cold
+start: its prompt is not indexed yet).
 """
 
 from __future__ import annotations
