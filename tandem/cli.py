@@ -224,7 +224,10 @@ def _add_engine_arguments(p: argparse.ArgumentParser, *, max_num_seqs: int) -> N
         "or .gguf)",
     )
     p.add_argument(
-        "--num-speculative-tokens", type=int, default=4, help="tokens proposed per verify"
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        help="most tokens proposed per verify (an n-gram match of n tokens proposes 2^n at most)",
     )
     p.add_argument(
         "--speculative-max-batch",

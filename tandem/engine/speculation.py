@@ -123,15 +123,20 @@ class NgramIndex:
         self._indexed = max(self._indexed, end)
 
     def propose(self, k: int) -> list[int]:
-        """``k`` tokens copied from after the latest earlier occurrence of the longest suffix
-        that occurred before ([] when none did). The copy may run on into the tokens it is
-        proposing (as an LZ77 match does), so a loop of period p < k is proposed in full."""
+        """At most ``k`` tokens copied from after the latest earlier occurrence of the longest
+        suffix that occurred before ([] when none did), and at most 2^n for a suffix of n
+        tokens: a one-token match is weak evidence, and each proposal is a position the
+        verify computes. (The default model rewriting a file, simulated with a verify costing
+        1 + 0.2 per proposal, as on this CPU: K = 8 1.71 -> 2.04x of plain, K = 4 1.87 ->
+        1.94; at 0.03 a proposal, a GPU's, 3.50 -> 3.59 and unchanged.) The copy may run on
+        into the tokens it is proposing (as an LZ77 match does), so a loop of period p < k
+        is proposed in full."""
         toks = self.tokens
         for n in range(min(self.max_n, len(toks)), self.min_n - 1, -1):
             start = self.last.get(tuple(toks[len(toks) - n :]))
             if start is not None:
                 out: list[int] = []
-                for j in range(start + n, start + n + k):
+                for j in range(start + n, start + n + min(k, 1 << n)):
                     out.append(toks[j] if j < len(toks) else out[j - len(toks)])
                 return out
         return []

@@ -37,7 +37,9 @@ def test_ngram_index_proposes_what_followed_the_latest_longest_match():
     assert idx.propose(6) == [5, 1, 2, 3, 7, 5]  # the copy runs on into its own proposal
     loop = NgramIndex(1, 4)
     loop.extend([9, 4, 6, 4, 6])
-    assert loop.propose(5) == [4, 6, 4, 6, 4]  # period 2: proposed in full
+    assert loop.propose(5) == [4, 6, 4, 6]  # period 2: run on, up to 2^2 for a 2-token match
+    loop.extend([9, 4, 6, 4, 6, 4, 6])
+    assert loop.propose(5) == [4, 6, 4, 6, 4]  # a 4-token match: all five
     assert NgramIndex(1, 3).propose(4) == []
     lone = NgramIndex(1, 2)
     lone.extend([4, 5, 6])
