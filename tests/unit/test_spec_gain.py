@@ -11,6 +11,7 @@ from tandem import LLM, SamplingParams
 from tandem.engine.plan import DraftQuery, Segment
 from tandem.engine.request import RequestStatus
 from tandem.engine.spec_gain import PLAIN, SPEC, SpecGain, decoding, step_kind
+from tandem.testing.step_clock import step_clock
 
 G = SpecGain
 
@@ -210,31 +211,6 @@ def test_a_failed_step_is_never_timed():
     assert not gain.plain
 
 
-class _Clock:
-    """The loop's clock, advanced by each finalize: ``plain`` for a step of one-token rows,
-    ``spec`` for one with a verify."""
-
-    def __init__(self, llm: LLM, plain: float, spec: float) -> None:
-        self.now = 0.0
-        runner = llm.engine.loop.runner
-        launch, finalize = runner.launch, runner.finalize
-        plans = {}
-
-        def launching(plan, *args, **kw):
-            handle = launch(plan, *args, **kw)
-            plans[id(handle)] = plan
-            return handle
-
-        def finalizing(handle):
-            plan = plans.pop(id(handle))
-            verify = any(s.num_samples > 1 for s in plan.segments)
-            self.now += spec if verify else plain
-            return finalize(handle)
-
-        runner.launch, runner.finalize = launching, finalizing
-        llm.engine.loop.clock = lambda: self.now
-
-
 @pytest.mark.parametrize(("spec_cost", "turned_off"), [(12.0, True), (1.0, False)])
 def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_cost, turned_off):
     """A random model falls into loops that the n-gram proposer predicts: a verify step
@@ -246,7 +222,7 @@ def test_the_engine_turns_speculation_off_where_it_loses(tiny_model_dir, spec_co
     params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
     plain = [o.token_ids for o in LLM(path).generate(prompts, params)]
     llm = LLM(path, speculative="ngram", num_speculative_tokens=4, speculative_min_gain=1.0)
-    _Clock(llm, 1.0, spec_cost)
+    step_clock(llm.engine.loop, plain=1.0, verify=spec_cost)
     assert [o.token_ids for o in llm.generate(prompts, params)] == plain
     sched = llm.engine.scheduler
     assert sched.stats.spec_accepted > 0

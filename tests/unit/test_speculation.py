@@ -21,6 +21,7 @@ from tandem.testing.fake_runner import (
     fake_token,
     fake_tokens,
 )
+from tandem.testing.step_clock import step_clock
 
 P = 4
 
@@ -444,6 +445,18 @@ def _prompt(seed: int) -> list[int]:
     return [random.Random(seed).randrange(1, 1000) for _ in range(PROMPT)]
 
 
+def _with_and_without_shadow(monkeypatch, overlap: bool, cfg: SpecConfig, token_fn):
+    """(shadow, engine, runner): an engine with shadow proposals, then one without."""
+    from tandem.engine import spec_shadow
+
+    for shadow in (True, False):
+        if not shadow:
+            monkeypatch.setattr(spec_shadow, "observe", lambda *a: None)
+        engine, runner = engine_for(overlap, speculation=cfg)
+        runner.token_fn = token_fn
+        yield shadow, engine, runner
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_shadow_proposals_end_a_back_off_where_the_output_starts_copying(overlap, monkeypatch):
     """The preamble's failed verifies back the rewriting request off (doubling); once its
@@ -451,15 +464,11 @@ def test_shadow_proposals_end_a_back_off_where_the_output_starts_copying(overlap
     accepted in full, which ends the back-off: fewer steps than waiting it out, the same
     tokens. Beside it a request speculates all along (a verify's five rows and the plain
     row make six sampled rows, over ``max_batch``: the step still counts two requests)."""
-    from tandem.engine import spec_shadow
-
     steps = {}
-    for shadow in (True, False):
-        if not shadow:
-            monkeypatch.setattr(spec_shadow, "observe", lambda *a: None)
-        cfg = SpecConfig(num_tokens=4, max_batch=4, patience=2, backoff=8)
-        engine, runner = engine_for(overlap, speculation=cfg)
-        runner.token_fn = preamble_or_loop
+    cfg = SpecConfig(num_tokens=4, max_batch=4, patience=2, backoff=8)
+    for shadow, engine, runner in _with_and_without_shadow(
+        monkeypatch, overlap, cfg, preamble_or_loop
+    ):
         n = PREAMBLE + 90
         got, _ = drive(engine, {0: [("loop", _prompt(0), 0, n), ("a", _prompt(1), 1, n)]})
         for i, rid in enumerate(("loop", "a")):
@@ -468,43 +477,18 @@ def test_shadow_proposals_end_a_back_off_where_the_output_starts_copying(overlap
     assert steps[True] < steps[False] - 10, steps
 
 
-def _clock(engine: Engine, runner: FakeRunner, verify_cost: float) -> list[float]:
-    """The loop's clock, advanced by each finalize: one unit for a plain step,
-    ``verify_cost`` for one with a verify."""
-    now, plans = [0.0], {}
-    launch, finalize = runner.launch, runner.finalize
-
-    def launching(plan, *args, **kw):
-        handle = launch(plan, *args, **kw)
-        plans[id(handle)] = plan
-        return handle
-
-    def finalizing(handle):
-        plan = plans.pop(id(handle))
-        now[0] += verify_cost if any(s.num_samples > 1 for s in plan.segments) else 1.0
-        return finalize(handle)
-
-    runner.launch, runner.finalize = launching, finalizing  # type: ignore[method-assign]
-    engine.loop.clock = lambda: now[0]
-    return now
-
-
 @pytest.mark.parametrize("overlap", [True, False])
 def test_shadow_verifies_end_the_engines_back_off(overlap, monkeypatch):
     """A verify step costs two plain steps on the loop's clock: the preamble's verifies lose
     the first window and speculation is off engine-wide; the copy that follows would be
     accepted in full, and the shadow verifies end the back-off early (requests never back
     off on their own here). Less time than waiting it out, the same tokens."""
-    from tandem.engine import spec_shadow
-
     took = {}
-    for shadow in (True, False):
-        if not shadow:
-            monkeypatch.setattr(spec_shadow, "observe", lambda *a: None)
-        cfg = SpecConfig(num_tokens=4, max_batch=8, patience=1000, min_gain=1.0)
-        engine, runner = engine_for(overlap, speculation=cfg)
-        runner.token_fn = preamble_then_copy
-        now = _clock(engine, runner, verify_cost=2.0)
+    cfg = SpecConfig(num_tokens=4, max_batch=8, patience=1000, min_gain=1.0)
+    for shadow, engine, _ in _with_and_without_shadow(
+        monkeypatch, overlap, cfg, preamble_then_copy
+    ):
+        now = step_clock(engine.loop, plain=1.0, verify=2.0)
         n = PREAMBLE + 120
         got, _ = drive(engine, {0: [("a", _prompt(1), 1, n)]})
         assert got["a"] == fake_tokens(1, _prompt(1), n, preamble_then_copy)
