@@ -64,10 +64,13 @@ def observe(sched: Scheduler, req: Request) -> None:
         hits = spec.shadow_hits
         if spec.shadow_at + hits != pos:  # (a verify or a retraction came between)
             spec.shadow = []
-        elif hits < len(spec.shadow) and req.output_token_ids[pos] == spec.shadow[hits]:
-            spec.shadow_hits += 1
-            return
-        else:  # it differs (the token a verify adds), or follows the whole proposal
+        else:
+            if req.output_token_ids[pos] == spec.shadow[hits]:
+                hits = spec.shadow_hits = hits + 1
+                if hits < len(spec.shadow):
+                    return
+            # It differs (the token a verify adds), or it matched the whole proposal: settle
+            # now (a verify would also have emitted the token after it in the same step).
             settled = len(spec.shadow), hits
             spec.shadow = []
     backed_off = not spec.active or gain.off_left > 0
