@@ -11,8 +11,10 @@ source file, 256 tokens at K = 8: speculation was off engine-wide for 96 of ~256
 
 An n-gram proposal costs a dictionary lookup, so while a request decodes plainly with
 speculation backed off it still proposes, and the tokens it then decodes tell what a verify
-would have accepted (the same rule: the proposals up to the first that differs; the next
-proposal follows the token a verify would have added). Each such *shadow verify*:
+would have accepted (the same rule: the proposals up to the first that differs, settled at
+that token, whose place a verify's added token takes, and the next proposal follows it; one
+matched in full settles at its last token, and the next proposal starts where a verify would
+have added its token). Each such *shadow verify*:
 - ends the request's own back-off where it would have accepted at least half its proposal,
   it has a proposal to verify next, and the engine's last judged window paid
   (``SpecGain.paying``);
