@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_stage_gguf.sh
 #
-# It prints the device calls (each within 30 s of the last, or the machine and /tmp go):
+# The device calls that follow (each within 30 s of the last, or the machine and /tmp go):
 #   1. carry .gpu/a .gpu/g1:  mkdir -p /tmp/gpu /tmp/gguf && cp .gpu/a/* /tmp/gpu/ && cp .gpu/g1/* /tmp/gguf/
 #   2. carry .gpu/g2:         cp .gpu/g2/* /tmp/gguf/
 #   3. carry .gpu/g3 (if made): cp .gpu/g3/* /tmp/gguf/
