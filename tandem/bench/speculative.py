@@ -7,8 +7,10 @@ same draft (``speculative_generate_step``) and its plain ``generate_step``, deco
 
 Workloads:
 - ``copy``: a coding agent's edit: "rewrite this ~1,000-token Python file with one name
-  changed" (the files are Tandem's own sources, so nothing is downloaded); the answer copies
-  most of its prompt, n-gram speculation's good case;
+  changed" (the files are Tandem's own sources as of a3fd828, pinned in
+  ``data/copy_texts.json.gz`` so that runs at later commits read the same prompts, and
+  nothing is downloaded); the answer copies most of its prompt, n-gram speculation's good
+  case;
 - ``random``: random prompt tokens, outputs that copy nothing (what speculation costs when it
   cannot help).
 
@@ -32,6 +34,7 @@ gives output tok/s, the ratio to off, and the acceptance.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import statistics
@@ -54,10 +57,11 @@ RENAMES = [("pages", "blocks"), ("request", "job"), ("slot", "cell"), ("step", "
 
 def copy_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
     """``n`` chat prompts asking to rewrite a source file (cut to about ``prompt_tokens``)."""
-    root = Path(__file__).resolve().parent.parent
+    pinned = Path(__file__).resolve().parent / "data" / "copy_texts.json.gz"
+    texts = json.loads(gzip.decompress(pinned.read_bytes()))["texts"]
     out = []
     for i in range(n):
-        text = (root / SOURCES[i % len(SOURCES)]).read_text()
+        text = texts[SOURCES[i % len(SOURCES)]]
         ids = llm.tokenizer.encode(text)[:prompt_tokens]
         text = llm.tokenizer.decode(ids)
         old, new = RENAMES[i % len(RENAMES)]
