@@ -53,6 +53,7 @@ SOURCES = [
     "engine/results.py",
 ]
 RENAMES = [("pages", "blocks"), ("request", "job"), ("slot", "cell"), ("step", "tick")]
+PINNED_CHARS = 8000  # each pinned text is its file's first 8,000 characters (or all of it)
 
 
 def copy_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -62,7 +63,13 @@ def copy_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
     out = []
     for i in range(n):
         text = texts[SOURCES[i % len(SOURCES)]]
-        ids = llm.tokenizer.encode(text)[:prompt_tokens]
+        ids = llm.tokenizer.encode(text)
+        if len(ids) < prompt_tokens and len(text) == PINNED_CHARS:  # (a short file is whole)
+            raise ValueError(
+                f"the pinned copy texts hold {len(ids)} tokens of {SOURCES[i % len(SOURCES)]}, "
+                f"fewer than --prompt-tokens {prompt_tokens}"
+            )
+        ids = ids[:prompt_tokens]
         text = llm.tokenizer.decode(ids)
         old, new = RENAMES[i % len(RENAMES)]
         msg = (
