@@ -62,11 +62,12 @@ def copy_prompts(llm, n: int, prompt_tokens: int) -> list[list[int]]:
     texts = json.loads(gzip.decompress(pinned.read_bytes()))["texts"]
     out = []
     for i in range(n):
-        text = texts[SOURCES[i % len(SOURCES)]]
+        name = SOURCES[i % len(SOURCES)]
+        text = texts[name]
         ids = llm.tokenizer.encode(text)
         if len(ids) < prompt_tokens and len(text) == PINNED_CHARS:  # (a short file is whole)
             raise ValueError(
-                f"the pinned copy texts hold {len(ids)} tokens of {SOURCES[i % len(SOURCES)]}, "
+                f"the pinned copy texts hold {len(ids)} tokens of {name}, "
                 f"fewer than --prompt-tokens {prompt_tokens}"
             )
         ids = ids[:prompt_tokens]
