@@ -21,6 +21,9 @@ node. The kernel and its arguments are the same (one GEMM or GEMV of M = L rows 
 in MLX's CUDA matmul, which collapses a batch of one), so the output is bitwise equal. A step
 of T rows feeds (T, 1, D): against (1, D, N) that would be a broadcast weight, which MLX's
 CPU matmul runs as T products of one row each; it keeps the 2-D view.
+
+On CUDA a bias-free module's one-row input takes ``runner.gemv``'s kernel instead, where its
+load check found it bitwise equal to MLX's product for that weight shape.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import os
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from tandem.runner import gemv
 
 _HELD = "_tandem_weight_t"  # an instance attribute, not a module parameter
 
@@ -47,12 +52,16 @@ def _transposed(module: nn.Module, x: mx.array) -> mx.array:
 
 class Linear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
+        if "bias" not in self and gemv.suits(self["weight"], x):
+            return gemv.gemv(self["weight"], x)
         wt = _transposed(self, x)
         return mx.addmm(self["bias"], x, wt) if "bias" in self else x @ wt
 
 
 class Embedding(nn.Embedding):
     def as_linear(self, x: mx.array) -> mx.array:
+        if gemv.suits(self["weight"], x):
+            return gemv.gemv(self["weight"], x)
         return x @ _transposed(self, x)
 
 
@@ -66,6 +75,7 @@ def install(model: nn.Module) -> int:
     if os.environ.get("TANDEM_WEIGHT_VIEWS") == "0":
         return 0
     views: list[mx.array] = []
+    plain: list[mx.array] = []  # bias-free weights, for the GEMV kernel's check
     modules = 0
     for _, m in model.named_modules():
         cls = _CLASSES.get(type(m))
@@ -77,5 +87,8 @@ def install(model: nn.Module) -> int:
         m.__dict__[_HELD] = (w, *views[-2:])
         m.__class__ = cls
         modules += 1
+        if "bias" not in m:
+            plain.append(w)
     mx.eval(views)
+    gemv.check(plain)
     return modules
