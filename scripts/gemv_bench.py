@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -34,7 +35,9 @@ SHAPES = {
 }
 
 
-def timed(fn, ws: list[mx.array], x: mx.array, repeats: int) -> float:
+def timed(
+    fn: Callable[[mx.array, mx.array], mx.array], ws: list[mx.array], x: mx.array, repeats: int
+) -> float:
     """Median seconds per product over ``repeats`` passes over every weight."""
     mx.eval([fn(w, x) for w in ws])  # warm-up (and JIT)
     times = []
@@ -70,6 +73,11 @@ def main() -> None:
             for w in ws[:2]:
                 for r, u in variants:
                     equal &= mx.array_equal(x @ w.T, gemv.gemv(w, x, r, u)).item()
+            # views 1 and 2 values into a row (the kernel's unaligned orders, as MLX's)
+            wide = mx.random.normal((1, k + 2), key=mx.random.key(200 + seed)).astype(dt)
+            for off in (1, 2):
+                xv = wide[:, off : off + k]
+                equal &= mx.array_equal(xv @ ws[0].T, gemv.gemv(ws[0], xv)).item()
         x = mx.random.normal((1, 1, k), key=mx.random.key(7)).astype(dt)
         base = timed(lambda w, x: x @ w.T, ws, x, args.repeats)
         line = f"{name:<14} {f'{n}x{k}':>13} {str(equal):>5} {base * 1e6:8.1f} "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -51,7 +52,7 @@ _SOURCE = """
   if (row < N) {
     const T* wr = w + static_cast<size_t>(row) * K;
     float sum = 0.0f;
-    const size_t bits = reinterpret_cast<size_t>(wr) | reinterpret_cast<size_t>(x);
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(wr) | reinterpret_cast<uintptr_t>(x);
     if (bits % (4 * sizeof(T)) == 0) {
       for (int c = 4 * lane; c < K; c += 128 * U) {
         TandemVec4<T> a[U];
@@ -73,9 +74,12 @@ _SOURCE = """
           }
         }
       }
-    } else {  // unaligned views: the same order, one value a load
-      for (int c = 4 * lane; c < K; c += 128) {
-        for (int j = 0; j < 4; ++j) {
+    } else {
+      // Views not aligned to 4 values: MLX's kernel then takes 2 values a lane (columns
+      // 2 l + 64 i) where they are aligned to 2, else 1 (l + 32 i); the same orders here.
+      const int per = (bits % (2 * sizeof(T)) == 0) ? 2 : 1;
+      for (int c = per * lane; c < K; c += 32 * per) {
+        for (int j = 0; j < per; ++j) {
           sum += static_cast<float>(wr[c + j]) * static_cast<float>(x[c + j]);
         }
       }
@@ -87,13 +91,13 @@ _SOURCE = """
   }
 """
 
-_kernel = None
-_checked: dict[tuple, bool] = {}
+_kernel: Callable[..., list[mx.array]] | None = None
+_checked: dict[tuple[int, int, mx.Dtype], bool] = {}
 active = False  # some shape passed its check (``suits`` is False before any does)
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
-def _build():
+def _build() -> Callable[..., list[mx.array]]:
     global _kernel
     if _kernel is None:
         _kernel = mx.fast.cuda_kernel(
@@ -116,8 +120,11 @@ def enabled() -> bool:
 
 
 def gemv(w: mx.array, x: mx.array, rows: int = ROWS, unroll: int = UNROLL) -> mx.array:
-    """``x @ w.T`` for ``x`` of one row (any leading shape of size 1), ``w`` of (N, K)."""
+    """``x @ w.T`` for ``x`` of one row (any leading shape of size 1), ``w`` of (N, K) with
+    K a multiple of 128, both of one dtype (``suits`` says where it may stand for it)."""
     n, k = w.shape
+    if k % 128 or x.size != k or x.shape[-1] != k or x.dtype != w.dtype:
+        raise ValueError(f"gemv: x {x.shape} {x.dtype} against w {w.shape} {w.dtype}")
     (y,) = _build()(
         inputs=[w, x],
         template=[("T", w.dtype), ("K", k), ("N", n), ("ROWS", rows), ("U", unroll)],
@@ -130,11 +137,14 @@ def gemv(w: mx.array, x: mx.array, rows: int = ROWS, unroll: int = UNROLL) -> mx
 
 
 def suits(w: mx.array, x: mx.array) -> bool:
-    """Whether ``x @ w.T`` may take the kernel: one row, the shape checked equal at load."""
+    """Whether ``x @ w.T`` may take the kernel: one row, the shape checked equal at load. (On
+    the GPU: a GPU model's product run on a CPU stream would not suit, which Tandem never
+    does.)"""
     return (
         active
         and x.size == x.shape[-1]
         and w.ndim == 2
+        and x.shape[-1] == w.shape[1]
         and x.dtype == w.dtype
         and _checked.get((*w.shape, w.dtype), False)
     )
@@ -144,28 +154,38 @@ def check(weights: list[mx.array]) -> int:
     """Compare the kernel with MLX's product for each distinct weight shape (on the first
     weight of it, with random inputs of one row, 2-D and 3-D); shapes that agree bit for bit
     take the kernel. Returns how many shapes do."""
+    global active
     if not enabled():
+        active = False
         return 0
     for w in weights:
         key = (*w.shape, w.dtype)
         if key in _checked:
             continue
-        ok = w.ndim == 2 and w.dtype in DTYPES and w.shape[1] % 128 == 0
-        try:
-            for seed in range(2) if ok else ():
-                x = mx.random.normal((1, w.shape[1]), key=mx.random.key(seed)).astype(w.dtype)
-                for xs in (x, x[None]):
-                    ref, got = xs @ w.T, gemv(w, xs)
-                    if not mx.array_equal(ref, got).item():
-                        diff = mx.abs(ref.astype(mx.float32) - got.astype(mx.float32)).max()
-                        log.warning("gemv: %s differs from MLX's matmul (%g)", key, diff.item())
-                        ok = False
-        except Exception as e:  # noqa: BLE001 - a kernel that fails to build: MLX's path
-            log.warning("gemv: %s kept on MLX's matmul (%s)", key, e)
-            ok = False
-        _checked[key] = ok
-    global active
+        _checked[key] = w.ndim == 2 and w.dtype in DTYPES and w.shape[1] % 128 == 0
+        if _checked[key]:
+            _checked[key] = _agrees(w, key)
     active = any(_checked.values())
     passed = sum(_checked.values())
     log.info("gemv: %d of %d weight shapes on Tandem's kernel", passed, len(_checked))
     return passed
+
+
+def _agrees(w: mx.array, key: tuple) -> bool:
+    """Whether the kernel's product equals MLX's, bit for bit, for a few inputs."""
+    try:
+        for seed in range(2):
+            x = mx.random.normal((1, w.shape[1]), key=mx.random.key(seed)).astype(w.dtype)
+            for xs in (x, x[None]):
+                ref = xs @ w.T
+                mx.eval(ref)  # MLX's side first: a kernel that fails fails alone
+                got = gemv(w, xs)
+                mx.eval(got)
+                if not mx.array_equal(ref, got).item():
+                    diff = mx.abs(ref.astype(mx.float32) - got.astype(mx.float32)).max()
+                    log.warning("gemv: %s differs from MLX's matmul (%g)", key, diff.item())
+                    return False
+    except Exception as e:  # noqa: BLE001 - a kernel that fails to build: MLX's path
+        log.warning("gemv: %s kept on MLX's matmul (%s)", key, e)
+        return False
+    return True

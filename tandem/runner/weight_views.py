@@ -23,7 +23,8 @@ of T rows feeds (T, 1, D): against (1, D, N) that would be a broadcast weight, w
 CPU matmul runs as T products of one row each; it keeps the 2-D view.
 
 On CUDA a bias-free module's one-row input takes ``runner.gemv``'s kernel instead, where its
-load check found it bitwise equal to MLX's product for that weight shape.
+load check found it bitwise equal to MLX's product for that weight shape (with the views off,
+``TANDEM_WEIGHT_VIEWS=0``, it is off too).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ import mlx.nn as nn
 from tandem.runner import gemv
 
 _HELD = "_tandem_weight_t"  # an instance attribute, not a module parameter
+
+
+def _kernel(module: nn.Module, x: mx.array) -> bool:
+    """Whether ``x`` times the module's weight takes ``runner.gemv``'s kernel: the weight
+    the views were made from (a replaced one gets MLX's path) and a product that suits it."""
+    held = module.__dict__.get(_HELD)
+    return held is not None and held[0] is module["weight"] and gemv.suits(held[0], x)
 
 
 def _transposed(module: nn.Module, x: mx.array) -> mx.array:
@@ -52,7 +60,7 @@ def _transposed(module: nn.Module, x: mx.array) -> mx.array:
 
 class Linear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
-        if "bias" not in self and gemv.suits(self["weight"], x):
+        if "bias" not in self and _kernel(self, x):
             return gemv.gemv(self["weight"], x)
         wt = _transposed(self, x)
         return mx.addmm(self["bias"], x, wt) if "bias" in self else x @ wt
@@ -60,7 +68,7 @@ class Linear(nn.Linear):
 
 class Embedding(nn.Embedding):
     def as_linear(self, x: mx.array) -> mx.array:
-        if gemv.suits(self["weight"], x):
+        if _kernel(self, x):
             return gemv.gemv(self["weight"], x)
         return x @ _transposed(self, x)
 

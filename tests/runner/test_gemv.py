@@ -23,14 +23,17 @@ class _Net(nn.Module):
         return self.embed.as_linear(self.biased(self.plain(x)))
 
 
-def test_the_cpu_checks_no_shape_and_keeps_mlxs_product(monkeypatch):
-    monkeypatch.delenv("TANDEM_GEMV", raising=False)
+def test_turned_off_it_checks_no_shape_and_keeps_mlxs_product(monkeypatch):
     monkeypatch.setattr(gemv, "_checked", {})
-    monkeypatch.setattr(gemv, "active", False)
+    monkeypatch.setattr(gemv, "active", True)
+    monkeypatch.setenv("TANDEM_GEMV", "0")
     w = mx.zeros((256, 128))
     assert not gemv.enabled()
-    assert gemv.check([w]) == 0
+    assert gemv.check([w]) == 0 and not gemv.active
     assert not gemv.suits(w, mx.zeros((1, 128)))
+    monkeypatch.delenv("TANDEM_GEMV")
+    if not mx.cuda.is_available():  # the CPU: no kernel
+        assert not gemv.enabled() and gemv.check([w]) == 0
 
 
 def test_only_one_row_of_a_checked_shape_suits(monkeypatch):
@@ -43,6 +46,9 @@ def test_only_one_row_of_a_checked_shape_suits(monkeypatch):
     assert not gemv.suits(w, mx.zeros((1, 1, 2, 128), dtype=mx.bfloat16))
     assert not gemv.suits(w, one.astype(mx.float32))  # another dtype
     assert not gemv.suits(mx.zeros((128, 128), dtype=mx.bfloat16), one)  # shape not checked
+    assert not gemv.suits(w, mx.zeros((1, 64), dtype=mx.bfloat16))  # another width
+    with pytest.raises(ValueError):
+        gemv.gemv(w, mx.zeros((1, 64), dtype=mx.bfloat16))
     monkeypatch.setattr(gemv, "_checked", {(256, 128, mx.bfloat16): False})  # checked unequal
     assert not gemv.suits(w, one)
 
@@ -53,6 +59,8 @@ def test_views_send_one_row_of_bias_free_weights_to_the_kernel(monkeypatch, rows
     the bias-free layer and the tied output projection goes to it, the biased layer and
     inputs of more rows do not, and the outputs are the model's."""
     monkeypatch.delenv("TANDEM_WEIGHT_VIEWS", raising=False)
+    monkeypatch.setattr(gemv, "_checked", {})  # (install's own check leaves them alone)
+    monkeypatch.setattr(gemv, "active", False)
     mx.random.seed(0)
     net = _Net()
     x = mx.random.normal((1, rows, 128))
@@ -71,3 +79,8 @@ def test_views_send_one_row_of_bias_free_weights_to_the_kernel(monkeypatch, rows
     got = net(x)
     assert mx.array_equal(got, want).item()
     assert calls == ([(256, 128), (50, 128)] if rows == 1 else [])
+    # A weight replaced after load gets MLX's path (the kernel was checked on the views').
+    calls.clear()
+    net.plain.weight = net.plain.weight * 2
+    net(x)
+    assert calls == ([(50, 128)] if rows == 1 else [])
