@@ -42,6 +42,8 @@ _HELD = "_tandem_weight_t"  # an instance attribute, not a module parameter
 def _kernel(module: nn.Module, x: mx.array) -> bool:
     """Whether ``x`` times the module's weight takes ``runner.gemv``'s kernel: the weight
     the views were made from (a replaced one gets MLX's path) and a product that suits it."""
+    if not gemv.active:  # (the CPU, or no shape checked equal: no lookups per call)
+        return False
     held = module.__dict__.get(_HELD)
     return held is not None and held[0] is module["weight"] and gemv.suits(held[0], x)
 
