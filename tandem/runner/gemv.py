@@ -17,7 +17,7 @@ MLX's product for each weight shape on the model's own weights and uses the kern
 where every value is equal (nothing is approximate: a shape that differs keeps MLX's path).
 
 Used by ``runner.weight_views``' modules for inputs of one row (``x.size`` equal to the input
-width: a single stream's decode step, or one verify row), bias-free weights whose input
+width: a step of one decode row, or a one-token prefill), bias-free weights whose input
 width is a multiple of 128, in float32, float16 or bfloat16. ``TANDEM_GEMV=0`` turns it off
 (for comparisons).
 """
